@@ -1,0 +1,74 @@
+"""Run one implementation on one input and compare everything it returns.
+
+The tests and the grader both call these, so a student sees the same report
+at home as in the gradebook.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .compare import assert_close
+from .contract import check_inputs
+from .diagnose import likely_bug
+from .inputs import make_dout
+from .reference import reference_attention, reference_backward
+
+
+def describe(q, k, is_causal, scale=None):
+    return (f"q {tuple(q.shape)}, k {tuple(k.shape)}, {str(q.dtype).replace('torch.', '')}, "
+            f"{q.device.type}, {'causal' if is_causal else 'not causal'}"
+            + (f", scale={scale:g}" if scale is not None else ""))
+
+
+def check_attention(attn, q, k, v, *, is_causal=False, scale=None, grads=True, tile=None,
+                    tf32=False, dout_seed=1):
+    """Check ``attn(q, k, v, is_causal=, scale=)``'s output and, if ``grads``, dQ, dK, dV.
+
+    ``q, k, v`` are leaf tensors in the dtype and on the device to test.
+    Raises ``CompareError`` (an ``AssertionError``) with a report on the first mismatch.
+    """
+    ctx = describe(q, k, is_causal, scale)
+    s = check_inputs(q, k, v, is_causal=is_causal, scale=scale)
+    q, k, v = (t.detach().clone().requires_grad_(grads) for t in (q, k, v))
+    out = attn(q, k, v, is_causal=is_causal, scale=scale)
+    if not isinstance(out, torch.Tensor):
+        raise AssertionError(f"attention must return one tensor, got {type(out).__name__} ({ctx})")
+    if out.dtype != q.dtype:
+        raise AssertionError(f"the output must be in the input dtype {q.dtype}, got {out.dtype} ({ctx})")
+    if out.device != q.device:
+        raise AssertionError(f"the output must be on {q.device}, got {out.device} ({ctx})")
+    ref_o, _ = reference_attention(q, k, v, is_causal, s)
+    assert_close(out, ref_o, name="O", tf32=tf32, tile=tile, context=ctx,
+                 hint=lambda: likely_bug("o", out, q, k, v, is_causal=is_causal, scale=s, tile=tile))
+    if not grads:
+        return
+    if not out.requires_grad:
+        raise AssertionError(f"the output does not require grad: the autograd graph is cut ({ctx})")
+    dout = make_dout(out, seed=dout_seed)
+    out.backward(dout)
+    refs = reference_backward(q, k, v, dout, is_causal, s)
+    for name, t, ref, rows in (("dQ", q, refs[0], "query rows"),
+                               ("dK", k, refs[1], "key rows"), ("dV", v, refs[2], "key rows")):
+        if t.grad is None:
+            raise AssertionError(f"{name} is None: the backward returned no gradient for "
+                                 f"{name[1].lower()} ({ctx})")
+        g = t.grad
+        assert_close(g, ref, name=name, tf32=tf32, row_label=rows, context=ctx,
+                     tile=tile if name == "dQ" else None,
+                     hint=lambda g=g, name=name: likely_bug(name.lower(), g, q, k, v, is_causal=is_causal,
+                                                            scale=s, dout=dout, tile=tile))
+
+
+def check_lse(lse, q, k, v, *, is_causal=False, scale=None, tile=None):
+    """Check a log-sum-exp ``(..., Nq)`` (natural log, float32) against the reference."""
+    ctx = describe(q, k, is_causal, scale)
+    s = check_inputs(q, k, v, is_causal=is_causal, scale=scale)
+    if lse.dtype != torch.float32:
+        raise AssertionError(f"the LSE must be float32, got {lse.dtype} ({ctx})")
+    _, ref = reference_attention(q, k, v, is_causal, s)
+    # The LSE is computed from scores in fp32 whatever the input dtype.
+    assert_close(lse, ref, name="LSE", dtype=torch.float32 if q.dtype != torch.float64 else torch.float64,
+                 row_dim=-1, row_label="query rows", tile=tile, context=ctx,
+                 hint=lambda: likely_bug("lse", lse, q, k, v, is_causal=is_causal, scale=s, tile=tile,
+                                         row_dim=-1))

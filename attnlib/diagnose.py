@@ -1,0 +1,194 @@
+"""Name the classic bug that a wrong result looks like.
+
+Each candidate below is the exact result of one well-known mistake, computed in
+float64. If a student's result lies far closer to one of them than to the
+truth, that mistake is named in the failure message. Candidates that depend on
+a tile size are tried for the usual ones (16, 32, 64, 128) unless the caller
+knows the tile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .contract import causal_mask
+from .reference import reference_attention, reference_backward
+
+TILES = (16, 32, 64, 128)
+
+
+def _f64(*ts):
+    return [t.detach().to("cpu", torch.float64) for t in ts]
+
+
+def _scores(q, k, scale, mask):
+    s = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return s
+
+
+def _attn_with_mask(q, k, v, scale, mask):
+    s = _scores(q, k, scale, mask)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse[..., None]) @ v, lse
+
+
+def flash_sim(q, k, v, scale, is_causal, bk, *, rescale_acc=True, rescale_l=True,
+              normalize=True, drop_partial_k=False):
+    """FlashAttention-2's forward loop over key tiles, with switches for its classic mistakes."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    mask = causal_mask(nq, nk) if is_causal else None
+    m = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype)
+    l = torch.zeros(q.shape[:-1], dtype=q.dtype)
+    acc = torch.zeros(q.shape, dtype=q.dtype)
+    stop = (nk // bk) * bk if drop_partial_k else nk
+    for j in range(0, stop, bk):
+        s = (q @ k[..., j:j + bk, :].transpose(-2, -1)) * scale
+        if mask is not None:
+            s = s.masked_fill(~mask[:, j:j + bk], -math.inf)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.exp(m - m_new)
+        alpha = torch.where(torch.isnan(alpha), torch.zeros_like(alpha), alpha)
+        p = torch.exp(s - m_new[..., None])
+        p = torch.where(torch.isnan(p), torch.zeros_like(p), p)
+        l = (alpha * l if rescale_l else l) + p.sum(dim=-1)
+        acc = (alpha[..., None] * acc if rescale_acc else acc) + p @ v[..., j:j + bk, :]
+        m = m_new
+    o = acc / l[..., None] if normalize else acc
+    return o, m + torch.log(l)
+
+
+def _grads_from_p(p, q, k, v, do, o, scale, use_D=True):
+    dv = p.transpose(-2, -1) @ do
+    dp = do @ v.transpose(-2, -1)
+    D = (do * o).sum(dim=-1, keepdim=True)
+    ds = p * (dp - D) if use_D else p * dp
+    return scale * ds @ k, scale * ds.transpose(-2, -1) @ q, dv
+
+
+def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
+    """Yield ``(description, tensor)`` for each classic mistake that applies to ``quantity``."""
+    q, k, v = _f64(q, k, v)
+    nq, nk = q.shape[-2], k.shape[-2]
+    fwd = quantity in ("o", "lse")
+    pick = 0 if quantity == "o" else 1
+
+    if fwd:
+        yield "the scale is applied twice (scores multiplied by scale**2)", \
+            reference_attention(q, k, v, is_causal, scale * scale)[pick]
+        yield "the scale is not applied (scores are q @ k.T, not q @ k.T * scale)", \
+            reference_attention(q, k, v, is_causal, 1.0)[pick]
+        if is_causal:
+            yield "the causal mask is missing", reference_attention(q, k, v, False, scale)[pick]
+            rows = torch.arange(nq)[:, None]
+            cols = torch.arange(nk)[None, :]
+            yield "the causal mask is off by one: it hides the diagonal (j < i instead of j <= i)", \
+                _attn_with_mask(q, k, v, scale, cols < rows)[pick]
+            yield "the causal mask is off by one: it shows one key too many (j <= i + 1)", \
+                _attn_with_mask(q, k, v, scale, cols <= rows + 1)[pick]
+            if nq != nk:
+                yield ("the causal mask is aligned bottom-right (j <= i + Nk - Nq); "
+                       "this course aligns it top-left, as SDPA does"), \
+                    _attn_with_mask(q, k, v, scale, cols <= rows + (nk - nq))[pick]
+        else:
+            yield "a causal mask is applied although is_causal=False", \
+                reference_attention(q, k, v, True, scale)[pick]
+        for bk in tiles:
+            if bk >= nk:
+                continue
+            yield f"the output accumulator is not rescaled by exp(m_old - m_new) when the running max grows (Bk={bk})", \
+                flash_sim(q, k, v, scale, is_causal, bk, rescale_acc=False)[pick]
+            yield f"the running sum l is not rescaled by exp(m_old - m_new) (Bk={bk})", \
+                flash_sim(q, k, v, scale, is_causal, bk, rescale_l=False)[pick]
+            if nk % bk:
+                yield f"the last, partial key tile is dropped (keys {(nk // bk) * bk}-{nk - 1}, Bk={bk})", \
+                    flash_sim(q, k, v, scale, is_causal, bk, drop_partial_k=True)[pick]
+        if quantity == "o":
+            # Unnormalized, the accumulator is the same for every tile size: one tile suffices.
+            yield "the output is not divided by the running sum l at the end", \
+                flash_sim(q, k, v, scale, is_causal, nk, normalize=False)[0]
+        else:
+            s = _scores(q, k, scale, causal_mask(nq, nk) if is_causal else None)
+            m = s.amax(dim=-1)
+            yield "the LSE is the running max m only: + log(l) is missing", m
+            lse = torch.logsumexp(s, dim=-1)
+            yield "the LSE is in base 2 (log2-sum-exp2): convert with * ln(2) before storing", \
+                lse / math.log(2)
+            yield "the LSE is log(l) only: + m is missing", lse - m
+        return
+
+    do = _f64(dout)[0]
+    dq, dk, dv = reference_backward(q, k, v, do, is_causal, scale)
+    ref = {"dq": dq, "dk": dk, "dv": dv}[quantity]
+    if quantity == "dk":
+        yield "dK and dV are swapped", dv
+    if quantity == "dv":
+        yield "dK and dV are swapped", dk
+    if quantity in ("dq", "dk"):
+        yield f"{quantity} is missing the softmax scale", ref / scale
+        yield f"{quantity} has the softmax scale twice", ref * scale
+    mask = causal_mask(nq, nk) if is_causal else None
+    s = _scores(q, k, scale, mask)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    o = p @ v
+    idx = {"dq": 0, "dk": 1, "dv": 2}[quantity]
+    yield "the D = rowsum(dO * O) term is missing from dS (dS = P * dP instead of P * (dP - D))", \
+        _grads_from_p(p, q, k, v, do, o, scale, use_D=False)[idx]
+    if is_causal:
+        p_unmasked = torch.exp(_scores(q, k, scale, None) - lse[..., None])
+        yield "the causal mask is missing when P is recomputed in the backward", \
+            _grads_from_p(p_unmasked, q, k, v, do, o, scale)[idx]
+
+
+def _distance(a, b):
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    d = (a - b).abs()
+    d = torch.where(both_nan, torch.zeros_like(d), d)
+    d = torch.where(torch.isnan(d), torch.full_like(d, math.inf), d)
+    finite = torch.isfinite(b)
+    s = b[finite].abs().max().item() if finite.any() else 1.0
+    return d.max().item() / max(s, 1e-30)
+
+
+def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=None,
+               row_dim=-2):
+    """Return a sentence naming the likely mistake behind a wrong ``quantity``, or None.
+
+    ``quantity`` is one of "o", "lse", "dq", "dk", "dv".
+    """
+    actual = actual.detach().to("cpu", torch.float64)
+    tiles = (tile,) if tile else TILES
+    truth = {"o": 0, "lse": 1}
+    if quantity in truth:
+        ref = reference_attention(*_f64(q, k, v), is_causal, scale)[truth[quantity]]
+    else:
+        ref = dict(zip(("dq", "dk", "dv"),
+                       reference_backward(*_f64(q, k, v), _f64(dout)[0], is_causal, scale)))[quantity]
+    d_true = _distance(actual, ref)
+    best = None
+    for desc, cand in candidates(quantity, q, k, v, is_causal=is_causal, scale=scale,
+                                 dout=dout, tiles=tiles):
+        if cand.shape != actual.shape:
+            continue
+        d = _distance(actual, cand)
+        if best is None or d < best[0]:
+            best = (d, desc)
+    if best is not None and best[0] < 0.1 * d_true and best[0] < 5e-2:
+        return f"{best[1]} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
+
+    # Errors confined to the last partial query tile point at its boundary mask.
+    if quantity in ("o", "lse", "dq"):
+        n = actual.shape[row_dim]
+        bad = ((actual - ref).abs() > 1e-3 * max(ref.abs().max().item(), 1e-30)) | torch.isnan(actual)
+        other = [d for d in range(actual.dim()) if d != actual.dim() + row_dim]
+        rows = bad.permute(actual.dim() + row_dim, *other).reshape(n, -1).any(dim=1).nonzero().flatten()
+        for bq in tiles:
+            start = (n // bq) * bq
+            if n % bq and rows.numel() and rows.min().item() >= start:
+                return (f"only rows {start}-{n - 1}, the last, partial query tile of {bq} rows, are wrong: "
+                        "that tile is skipped or its loads/stores are not masked")
+    return None

@@ -1,0 +1,1 @@
+"""The course's steps, one module each; the same names live in steps/."""

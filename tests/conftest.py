@@ -1,0 +1,57 @@
+"""Shared test setup.
+
+Which implementation is tested: ``--impl steps`` (default, your work),
+``--impl solutions``, or ``--impl path/to/submission``; or ATTN_IMPL.
+"""
+
+import os
+
+import pytest
+import torch
+
+from attnlib.contract import STEPS
+
+STEP_OF_MARK = {f"step{n:02d}": n for n in STEPS}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--impl", default=None,
+                     help="steps (default), solutions, or a folder shaped like steps/")
+
+
+def pytest_configure(config):
+    impl = config.getoption("--impl")
+    if impl:
+        os.environ["ATTN_IMPL"] = impl
+    os.environ.setdefault("ATTN_IMPL", "steps")
+    for mark in STEP_OF_MARK:
+        config.addinivalue_line("markers", f"{mark}: tests of step {mark[4:]} ({STEPS[STEP_OF_MARK[mark]][1]})")
+    # Tolerances for float32 assume true fp32 matrix products (attnlib/compare.py).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def pytest_report_header(config):
+    from attnlib.loader import impl_root
+    try:
+        root = impl_root()
+    except FileNotFoundError as e:
+        return f"attention implementation: {e}"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return f"attention implementation: {root}  (GPU: {gpu})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Report a stub's NotImplementedError as one line, not a traceback."""
+    outcome = yield
+    rep = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError) and rep.failed:
+        rep.longrepr = f"NOT IMPLEMENTED: {call.excinfo.value}"
+
+
+@pytest.fixture
+def load():
+    """``load(4)`` imports step 04 from the implementation under test."""
+    from attnlib.loader import load_step
+    return load_step
