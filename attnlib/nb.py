@@ -19,6 +19,8 @@ def setup(impl: str | None = None):
     """
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # Triton kernels run in its interpreter
     impl = impl or os.environ.get("ATTN_IMPL", "steps")
     os.environ["ATTN_IMPL"] = impl
     from .loader import impl_root, load_step

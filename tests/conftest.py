@@ -6,8 +6,14 @@ Which implementation is tested: ``--impl steps`` (default, your work),
 
 import os
 
-import pytest
 import torch
+
+# Without a GPU, Triton kernels run in its interpreter. The flag is read when
+# triton is imported, and torch.compile imports it: set it before anything else.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from attnlib.contract import STEPS
 

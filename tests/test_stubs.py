@@ -1,0 +1,93 @@
+"""steps/ is generated from solutions/, and the generator keeps its promises."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from attnlib import stubgen
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/")
+def test_steps_are_generated_from_solutions():
+    problems = stubgen.drift()
+    assert not problems, ("steps/ has drifted from solutions/ (run `make stubs`; if steps/ holds your "
+                          "own work, this test guards the course's source, not your grade):\n  "
+                          + "\n  ".join(problems))
+
+
+def test_region_becomes_a_raise_with_the_hint():
+    src = ("def f(x):\n"
+           "    y = 1\n"
+           "    # >>> STUDENT: return x plus one\n"
+           "    return x + y\n"
+           "    # <<< STUDENT\n"
+           "secret = 42  # SOLUTION-ONLY\n")
+    out = stubgen.make_stub(src, "step04_flash_torch.py")
+    assert "return x + y" not in out and "secret" not in out
+    assert "    raise NotImplementedError('Step 04: return x plus one')" in out
+    ns = {}
+    exec(out, ns)
+    with pytest.raises(NotImplementedError, match="Step 04: return x plus one"):
+        ns["f"](1)
+
+
+def test_c_region_keeps_its_stub_lines():
+    src = ("__global__ void k(float* o) {\n"
+           "    // >>> STUDENT: write one\n"
+           "    // STUB: o[0] = 0.f;\n"
+           "    o[0] = 1.f;\n"
+           "    // <<< STUDENT\n"
+           "}\n")
+    out = stubgen.make_stub(src, "csrc/step07_flash.cu")
+    assert "o[0] = 1.f;" not in out
+    assert "    // TODO(Step 07): write one\n    o[0] = 0.f;\n" in out
+
+
+@pytest.mark.parametrize("bad", [
+    "# >>> STUDENT: x\npass\n",                                   # never closed
+    "# <<< STUDENT\n",                                            # closed, never opened
+    "# >>> STUDENT:\npass\n# <<< STUDENT\n",                      # no hint
+    "# >>> STUDENT: a\n# >>> STUDENT: b\n# <<< STUDENT\n",        # nested
+])
+def test_malformed_regions_are_refused(bad):
+    with pytest.raises(stubgen.StubError):
+        stubgen.make_stub(bad, "step01_naive.py")
+
+
+def test_refuses_to_overwrite_edits(tmp_path):
+    sol, steps = tmp_path / "solutions", tmp_path / "steps"
+    sol.mkdir()
+    (sol / "step01_naive.py").write_text("def f():\n    # >>> STUDENT: do it\n    return 1\n    # <<< STUDENT\n")
+    assert stubgen.write(sol, steps) == ["step01_naive.py"]
+    assert stubgen.drift(sol, steps) == []
+    (steps / "step01_naive.py").write_text("def f():\n    return 2  # my work\n")
+    assert stubgen.drift(sol, steps)
+    with pytest.raises(stubgen.StubError, match="edited"):
+        stubgen.write(sol, steps)
+    assert "my work" in (steps / "step01_naive.py").read_text()
+    stubgen.write(sol, steps, force=True)
+    assert stubgen.drift(sol, steps) == []
+    manifest = json.loads((steps / stubgen.MANIFEST).read_text())
+    assert set(manifest) == {"step01_naive.py"}
+    # A solution change regenerates an unedited stub without --force.
+    (sol / "step01_naive.py").write_text("def f():\n    # >>> STUDENT: do it now\n    return 1\n    # <<< STUDENT\n")
+    assert stubgen.write(sol, steps) == ["step01_naive.py"]
+
+
+def test_pristine_stubs_raise_not_implemented():
+    """Every stub imports, and its student regions raise NotImplementedError (never another error)."""
+    from attnlib import make_qkv
+    from attnlib.contract import STEPS
+    from attnlib.loader import load_step
+    q, k, v = make_qkv(1, 1, 8, 8, 16)
+    for n, (mod, _) in STEPS.items():
+        if not (REPO / "steps" / f"{mod}.py").exists():
+            continue
+        step = load_step(n, REPO / "steps")      # import must succeed
+        if n >= 7:
+            continue                             # needs a GPU to get as far as a student region
+        with pytest.raises(NotImplementedError, match=f"Step {n:02d}"):
+            step.attention(q, k, v)
