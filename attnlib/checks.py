@@ -28,6 +28,7 @@ def check_attention(attn, q, k, v, *, is_causal=False, scale=None, grads=True, t
     ``q, k, v`` are leaf tensors in the dtype and on the device to test.
     Raises ``CompareError`` (an ``AssertionError``) with a report on the first mismatch.
     """
+    __tracebackhide__ = True  # pytest shows the report, not this function's code
     ctx = describe(q, k, is_causal, scale)
     s = check_inputs(q, k, v, is_causal=is_causal, scale=scale)
     q, k, v = (t.detach().clone().requires_grad_(grads) for t in (q, k, v))
@@ -62,6 +63,7 @@ def check_attention(attn, q, k, v, *, is_causal=False, scale=None, grads=True, t
 
 def check_lse(lse, q, k, v, *, is_causal=False, scale=None, tile=None):
     """Check a log-sum-exp ``(..., Nq)`` (natural log, float32) against the reference."""
+    __tracebackhide__ = True  # pytest shows the report, not this function's code
     ctx = describe(q, k, is_causal, scale)
     s = check_inputs(q, k, v, is_causal=is_causal, scale=scale)
     if lse.dtype != torch.float32:

@@ -129,6 +129,7 @@ def assert_close(actual, expected, *, name="output", dtype=None, tf32=False,
     ``hint``: a callable returning a likely-bug sentence or None,
     called only on failure (it can be slow).
     """
+    __tracebackhide__ = True  # pytest shows the report, not this function's code
     if not isinstance(actual, torch.Tensor):
         raise CompareError(f"{name}: expected a tensor, got {type(actual).__name__}", None)
     if tuple(actual.shape) != tuple(expected.shape):

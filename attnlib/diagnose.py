@@ -96,6 +96,12 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
         else:
             yield "a causal mask is applied although is_causal=False", \
                 reference_attention(q, k, v, True, scale)[pick]
+        if quantity == "o":
+            mask = causal_mask(nq, nk) if is_causal else None
+            s_ = _scores(q, k, scale, mask)
+            p_ = torch.softmax(s_, dim=-2)
+            yield "the softmax is taken over the queries (dim=-2); it must run over the keys (dim=-1)", \
+                torch.where(torch.isnan(p_), torch.zeros_like(p_), p_) @ v
         for bk in tiles:
             if bk >= nk:
                 continue
@@ -188,7 +194,7 @@ def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=N
         rows = bad.permute(actual.dim() + row_dim, *other).reshape(n, -1).any(dim=1).nonzero().flatten()
         for bq in tiles:
             start = (n // bq) * bq
-            if n % bq and rows.numel() and rows.min().item() >= start:
+            if start > 0 and n % bq and rows.numel() and rows.min().item() >= start:
                 return (f"only rows {start}-{n - 1}, the last, partial query tile of {bq} rows, are wrong: "
                         "that tile is skipped or its loads/stores are not masked")
     return None

@@ -29,6 +29,7 @@ def test_is_compiled_and_dynamic(load):
     fn = step.compiled_naive()
     assert hasattr(fn, "_torchdynamo_orig_callable") or "Optimized" in type(fn).__name__, (
         "compiled_naive() must return the result of torch.compile(naive_attention, ...)")
+    torch._dynamo.reset()              # earlier tests may have filled the recompile cache
     counters = torch._dynamo.utils.counters
     with torch.no_grad():
         q, k, v = make_qkv(1, 2, 24, 24, 16, seed=3)

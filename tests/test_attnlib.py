@@ -1,0 +1,120 @@
+"""The shared pieces test themselves: reference, comparison, diagnosis, tolerance policy."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnlib import assert_close, make_dout, make_qkv, reference_attention, reference_backward
+from attnlib.cases import device_dtype_params
+from attnlib.compare import CompareError, format_ranges, tolerance_for
+from attnlib.diagnose import flash_sim, likely_bug
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("nq,nk", [(17, 17), (5, 31), (31, 5)])
+def test_reference_agrees_with_pytorch_math(nq, nk, is_causal):
+    q, k, v = make_qkv(2, 2, nq, nk, 24, dtype=torch.float64)
+    o, lse = reference_attention(q, k, v, is_causal)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.MATH]):
+        o2 = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    torch.testing.assert_close(o, o2, rtol=1e-12, atol=1e-12)
+    assert lse.shape == q.shape[:-1]
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(24)
+    if is_causal:
+        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool).tril().logical_not(), -math.inf)
+    torch.testing.assert_close(lse, torch.log(torch.exp(s).sum(-1)), rtol=1e-12, atol=1e-12)
+
+
+def test_reference_backward_matches_finite_differences():
+    q, k, v = make_qkv(1, 2, 9, 13, 8, dtype=torch.float64)
+    do = make_dout(q)
+    grads = reference_backward(q, k, v, do, True)
+    g = torch.Generator().manual_seed(0)
+    eps = 1e-6
+    for which, grad in enumerate(grads):
+        for _ in range(5):
+            idx = tuple(int(torch.randint(n, (1,), generator=g)) for n in (q, k, v)[which].shape)
+            plus, minus = [t.clone() for t in (q, k, v)], [t.clone() for t in (q, k, v)]
+            plus[which][idx] += eps
+            minus[which][idx] -= eps
+            fd = ((reference_attention(*plus, True)[0] - reference_attention(*minus, True)[0]) * do).sum() / (2 * eps)
+            assert abs(fd.item() - grad[idx].item()) < 1e-6, (which, idx, fd.item(), grad[idx].item())
+
+
+def test_assert_close_catches_nan_shape_and_small_errors():
+    ref = torch.randn(2, 40, 8, dtype=torch.float64)
+    assert_close(ref.float(), ref)                           # fp32 rounding passes
+    bad = ref.float().clone()
+    bad[1, 33, 2] = float("nan")
+    with pytest.raises(CompareError, match=r"NaN: 1") as e:
+        assert_close(bad, ref, tile=16)
+    assert "query rows with bad elements: 33" in str(e.value)
+    assert "tiles of 16 rows with bad elements: 2" in str(e.value)
+    with pytest.raises(CompareError, match="shape"):
+        assert_close(ref[:, :-1].float(), ref)
+    off = ref.float().clone()
+    off[0, 5, 0] += 1e-3 * ref.abs().max().item()            # one element, 0.1% of the scale
+    with pytest.raises(CompareError, match=r"\[0, 5, 0\]"):
+        assert_close(off, ref)
+
+
+def test_format_ranges():
+    assert format_ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert format_ranges([]) == "none"
+
+
+def test_flash_sim_is_exact_when_correct():
+    q, k, v = make_qkv(1, 2, 37, 45, 16, dtype=torch.float64)
+    for causal in (False, True):
+        o, lse = flash_sim(q, k, v, 0.25, causal, 16)
+        ro, rl = reference_attention(q, k, v, causal, 0.25)
+        torch.testing.assert_close(o, ro)
+        torch.testing.assert_close(lse, rl)
+
+
+@pytest.mark.parametrize("bug,expect", [
+    ("rescale", "not rescaled"),
+    ("partial", "partial key tile"),
+    ("scale2", "scale is applied twice"),
+])
+def test_diagnosis_names_the_bug(bug, expect):
+    q, k, v = make_qkv(1, 2, 37, 45, 16, dtype=torch.float64)
+    if bug == "rescale":
+        out = flash_sim(q, k, v, 0.25, True, 16, rescale_acc=False)[0]
+    elif bug == "partial":
+        out = flash_sim(q, k, v, 0.25, False, 16, drop_partial_k=True)[0]
+    else:
+        out = reference_attention(q, k, v, True, 0.0625)[0]
+    assert expect in likely_bug("o", out, q, k, v, is_causal=bug != "partial", scale=0.25)
+    # ...and names nothing for a right answer.
+    assert likely_bug("o", reference_attention(q, k, v, True, 0.25)[0], q, k, v, is_causal=True, scale=0.25) is None
+
+
+@pytest.mark.parametrize("device,dtype", device_dtype_params(), ids=lambda x: str(x).replace("torch.", ""))
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_tolerance_policy_leaves_pytorch_a_2x_margin(device, dtype, is_causal):
+    """PyTorch's own naive attention in ``dtype`` uses at most half of each bound.
+
+    This is how the bounds in attnlib/compare.py were set (FlashAttention's rule:
+    a kernel may be about twice as wrong as PyTorch in the same dtype). If this
+    fails on new hardware, the policy needs a new look, not a quiet bump.
+    """
+    atol, rtol = tolerance_for(dtype)
+    for nq, nk, d in [(257, 257, 64), (100, 33, 128), (17, 40, 32)]:
+        q, k, v = make_qkv(2, 2, nq, nk, d, dtype=dtype, device=device, requires_grad=True)
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+        if is_causal:
+            s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool, device=device).tril().logical_not(), -math.inf)
+        o = torch.softmax(s, dim=-1) @ v
+        do = make_dout(o)
+        o.backward(do)
+        refs = (reference_attention(q, k, v, is_causal)[0],) + reference_backward(q, k, v, do, is_causal)
+        for name, mine, ref in zip(("O", "dQ", "dK", "dV"), (o, q.grad, k.grad, v.grad), refs):
+            assert_close(mine, ref, name=f"PyTorch naive {name} at half the bound", dtype=dtype)
+            err = (mine.double() - ref).abs()
+            bound = atol * ref.abs().max() + rtol * ref.abs()
+            assert (err <= bound / 2).all(), (
+                f"{name}: PyTorch's own {dtype} attention uses {float((err / bound).max()):.2f} of the bound")
