@@ -1,0 +1,85 @@
+"""Writes 03_sdpa.ipynb (no outputs). Run: python notebooks/build_03.py"""
+from _nbwrite import write
+
+write("03_sdpa.ipynb", [
+("md", r"""
+# Step 03 — `F.scaled_dot_product_attention` and its backends
+
+One function, several implementations: FlashAttention-2 ("flash"), cuDNN ("cudnn"), memory-efficient
+("efficient") and the plain composite ("math"). PyTorch picks the first that accepts the inputs.
+
+In this notebook you will:
+- call SDPA with an explicit backend (in `steps/step03_sdpa.py`);
+- ask which backend runs, and read why the others refuse;
+- time the backends against each other and against step 01.
+"""),
+("code", r"""
+import os
+IMPL = os.environ.get("ATTN_IMPL", "steps")     # "steps": your code; "solutions": the course's
+
+from attnlib.nb import setup
+load_step, device, small = setup(IMPL)
+
+import torch
+import matplotlib.pyplot as plt
+from attnlib import make_qkv
+from attnlib.checks import check_attention
+step01, step03 = load_step(1), load_step(3)
+BACKENDS = ["flash", "cudnn", "efficient", "math"]
+"""),
+("code", r"""
+dtypes = [torch.float32] if device == "cpu" else [torch.float32, torch.float16, torch.bfloat16]
+for dtype in dtypes:
+    q, k, v = make_qkv(2, 4, 128, 128, 64, dtype=dtype, device=device)
+    print(f"{str(dtype):15} chosen: {step03.chosen_backend(q, k, v, is_causal=True)}")
+    for b in BACKENDS:
+        why = step03.refusal_reasons(b, q, k, v, is_causal=True)
+        if why:
+            print(f"   {b:9} refuses: " + " | ".join(w.splitlines()[0][:110] for w in why))
+        else:
+            check_attention(lambda q, k, v, is_causal, scale: step03.attention(q, k, v, is_causal, scale, backend=b),
+                            q, k, v, is_causal=True)
+            print(f"   {b:9} accepts, and matches the reference")
+"""),
+("md", r"""
+Typical refusals on a GPU: flash needs fp16 or bf16 (fp32 goes to "efficient" or "math"), a head dim
+that is a multiple of 8 and at most 256; cuDNN needs a recent GPU and its own shape rules; any
+backend but "math" refuses some attention masks. On a CPU only "math" and a CPU "flash" exist.
+
+## Time against N
+"""),
+("code", r"""
+import time
+def median_ms(f, reps=5):
+    for _ in range(2): f()
+    if device == "cuda": torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter(); f()
+        if device == "cuda": torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return sorted(ts)[len(ts) // 2]
+
+dtype = torch.float32 if small else torch.bfloat16
+Ns = [128, 256, 512, 1024] if small else [1024, 2048, 4096, 8192, 16384]
+rows = {}
+with torch.no_grad():
+    for n in Ns:
+        q, k, v = make_qkv(1, 8, n, n, 64, dtype=dtype, device=device)
+        rows.setdefault("naive (step 01)", []).append(median_ms(lambda: step01.attention(q, k, v, is_causal=True)))
+        for b in BACKENDS:
+            if not step03.refusal_reasons(b, q, k, v, is_causal=True):
+                rows.setdefault(b, []).append(median_ms(lambda: step03.attention(q, k, v, True, backend=b)))
+plt.figure(figsize=(5, 3.2))
+for name, ts in rows.items():
+    plt.plot(Ns[:len(ts)], ts, "o-", label=name)
+plt.xscale("log", base=2); plt.yscale("log"); plt.xlabel("N"); plt.ylabel("ms (forward, causal)")
+plt.legend(); plt.tight_layout(); plt.show()
+for name, ts in rows.items():
+    print(f"{name:16}", "  ".join(f"{t:8.2f}" for t in ts))
+"""),
+("md", r"""
+The fused backends never write the N × N matrix, so they also reach lengths where step 01 runs out of
+memory. Step 04 builds the algorithm behind "flash" yourself, in plain PyTorch, to see how.
+"""),
+])
