@@ -1,0 +1,1 @@
+"""Benchmarks: every step measured side by side (``python -m bench --help``)."""

@@ -1,0 +1,176 @@
+"""Benchmark every step side by side.
+
+    python -m bench                      # CPU: a small sweep (~1 min); GPU: all three suites
+    python -m bench sweep|grid|leaderboard [--impls naive,step04] [--out results/run]
+    python -m bench plot results/h200    # redraw the PNGs from the JSON, no GPU needed
+    python -m bench profile --impl step04 --N 1024 [--causal] [--bwd]
+
+Suites
+  sweep        the CS336 sweep: batch 8, one head, D in {16,32,64,128}, N in {256..16384}, fp32;
+               forward and backward time, memory before the backward, OOM recorded
+  grid         FlashAttention's grid: bf16, 16k tokens per batch (B = 16384/N), hidden 2048
+               (H = 2048/D), D in {64,128}, N in {512..16384}, causal and not; TFLOP/s and the
+               ratio to SDPA's FLASH backend measured in the same run
+  leaderboard  the CS336 2025 leaderboard shape: B=1, H=16, N=16384, D=64, bf16, causal, fwd+bwd
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from . import core, plots
+
+GRID_IMPLS = ["naive", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
+              "step04", "step04-compiled", "step05", "step06", "step07"]
+
+
+def _progress(items, desc):
+    try:
+        from tqdm import tqdm
+        return tqdm(items, desc=desc, file=sys.stderr, leave=False)
+    except ImportError:
+        return items
+
+
+def run_suite(suite, impls, device, small, machine):
+    configs = []
+    if suite == "sweep":
+        Ds = [64] if small else [16, 32, 64, 128]
+        Ns = [256, 1024] if small else [256, 1024, 4096, 8192, 16384]
+        for D in Ds:
+            for N in Ns:
+                configs.append(dict(B=8, H=1, N=N, D=D, causal=False, dtype=torch.float32, modes=("fwd", "bwd")))
+    elif suite == "grid":
+        dtype = torch.float32 if small else torch.bfloat16
+        Ds = [64] if small else [64, 128]
+        Ns = [256, 512] if small else [512, 1024, 2048, 4096, 8192, 16384]
+        tokens, hidden = (1024, 256) if small else (16384, 2048)
+        for D in Ds:
+            for N in Ns:
+                for causal in (False, True):
+                    configs.append(dict(B=max(1, tokens // N), H=hidden // D, N=N, D=D, causal=causal,
+                                        dtype=dtype, modes=("fwd", "fwd+bwd")))
+    elif suite == "leaderboard":
+        N = 512 if small else 16384
+        configs.append(dict(B=1, H=16, N=N, D=64, causal=True, dtype=torch.float32 if small else torch.bfloat16,
+                            modes=("fwd+bwd",)))
+    rows = []
+    work = [(c, name) for c in configs for name in impls]
+    for c, name in _progress(work, suite):
+        fn = impls[name]
+        modes = c["modes"]
+        if isinstance(fn, str):
+            rows += [core.Row(impl=name, mode=m, dtype=str(c["dtype"]).replace("torch.", ""), B=c["B"], H=c["H"],
+                              N=c["N"], D=c["D"], causal=c["causal"], status=fn[:160], machine=machine)
+                     for m in modes]
+            continue
+        measured = core.measure(name, fn, B=c["B"], H=c["H"], N=c["N"], D=c["D"], causal=c["causal"],
+                                dtype=c["dtype"], device=device, modes=tuple(m if m != "bwd" else "fwd+bwd"
+                                                                              for m in modes), machine=machine)
+        if "bwd" in modes:   # the sweep reports the backward alone: fwd+bwd minus fwd
+            fwd = next((r for r in measured if r.mode == "fwd"), None)
+            for r in measured:
+                if r.mode == "fwd+bwd" and r.ms and fwd and fwd.ms:
+                    r.mode, r.ms = "bwd", max(r.ms - fwd.ms, 0.0)
+                    r.tflops = core.flops(r.B, r.H, r.N, r.D, r.causal, "bwd") / (r.ms * 1e-3) / 1e12 if r.ms else None
+                elif r.mode == "fwd+bwd":
+                    r.mode = "bwd"
+        rows += measured
+    return core.add_ratios(rows)
+
+
+def draw(rows, out: Path, ceilings=None):
+    made = []
+    if any(r.dtype == "float32" and r.B == 8 and r.H == 1 for r in rows):
+        Ds = sorted({r.D for r in rows if r.B == 8 and r.H == 1})
+        for mode in ("fwd", "bwd"):
+            made.append(plots.plot_lines(rows, "ms", out / f"sweep_{mode}_ms.png", ylabel=f"{mode} ms",
+                                         panels=[(f"D={d}, {mode}", dict(D=d, mode=mode, B=8, H=1)) for d in Ds]))
+        made.append(plots.plot_lines(rows, "mem_before_bwd_mib", out / "sweep_memory.png",
+                                     ylabel="MiB in use before the backward",
+                                     panels=[(f"D={d}", dict(D=d, mode="bwd", B=8, H=1)) for d in Ds]))
+    grid = [r for r in rows if not (r.B == 8 and r.H == 1)]
+    if grid:
+        Ds = sorted({r.D for r in grid})
+        for mode in ("fwd", "fwd+bwd"):
+            made.append(plots.plot_lines(grid, "tflops", out / f"grid_{mode.replace('+', '_')}_tflops.png",
+                                         ylabel=f"{mode} TFLOP/s", logy=False,
+                                         panels=[(f"D={d}, {'causal' if c else 'full'}, {mode}",
+                                                  dict(D=d, causal=c, mode=mode)) for d in Ds for c in (False, True)]))
+        if ceilings:
+            made.append(plots.plot_roofline(grid, ceilings, out / "roofline.png",
+                                            match=dict(D=max(Ds), causal=False, mode="fwd")))
+    return [m for m in made if m]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("suite", nargs="?", default="default",
+                    choices=["default", "sweep", "grid", "leaderboard", "plot", "profile"])
+    ap.add_argument("path", nargs="?", help="for `plot`: the folder holding results.json")
+    ap.add_argument("--impls", help="comma-separated implementations (default: all that run here)")
+    ap.add_argument("--impl", default=None, help="for `profile`: one implementation")
+    ap.add_argument("--code", default="solutions", help="steps, solutions or a folder (default: solutions)")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default: out/bench-<device>)")
+    ap.add_argument("--full", action="store_true", help="on a CPU, the real sizes (slow)")
+    ap.add_argument("--N", type=int, default=1024)
+    ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--bwd", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.suite == "plot":
+        folder = Path(args.path or "results/h200")
+        rows = core.load_rows(folder / "results.json")
+        ceil = folder / "ceilings.json"
+        import json
+        ceilings = json.loads(ceil.read_text()) if ceil.exists() else None
+        for p in draw(rows, folder, ceilings):
+            print("wrote", p)
+        return 0
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    small = device == "cpu" and not args.full
+    impls = core.implementations(args.code, device)
+
+    if args.suite == "profile":
+        from .profile import profile
+        return profile(impls, args.impl or "step04", device=device, N=args.N, D=args.D,
+                       causal=args.causal, bwd=args.bwd, out=args.out or Path("out/profile"))
+
+    if args.impls:
+        names = args.impls.split(",")
+        unknown = [n for n in names if n not in impls]
+        if unknown:
+            ap.error(f"unknown implementation(s) {unknown}; known: {sorted(impls)}")
+    else:
+        names = core.CPU_DEFAULT if device == "cpu" else GRID_IMPLS
+    impls = {n: impls[n] for n in names}
+    suites = ["sweep", "grid", "leaderboard"] if args.suite == "default" else [args.suite]
+    out = args.out or Path(f"out/bench-{device}")
+    out.mkdir(parents=True, exist_ok=True)
+    machine = core.machine_info()
+    ceilings = core.measure_ceilings(device)
+    rows = []
+    for suite in suites:
+        rows += run_suite(suite, impls, device, small, machine)
+    core.save(rows, out / "results.json", out / "results.csv")
+    if ceilings:
+        import json
+        (out / "ceilings.json").write_text(json.dumps(ceilings, indent=1))
+        print(f"ceilings measured now: bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s, "
+              f"copy {ceilings['copy_gbps']:.0f} GB/s")
+    print(core.table(rows))
+    for p in draw(rows, out, ceilings):
+        print("wrote", p)
+    print(f"wrote {out / 'results.json'} and {out / 'results.csv'}  ({machine['gpu'] or 'CPU'}, {machine['date']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The benchmark harness: FLOP counting, rows, OOM handling, plots from JSON alone."""
+
+import torch
+
+from bench import core
+from bench.__main__ import draw
+
+
+def test_flops_follow_flashattention():
+    assert core.flops(1, 16, 16384, 64, False, "fwd") == 4 * 16 * 16384**2 * 64
+    assert core.flops(1, 16, 16384, 64, True, "fwd") == 2 * 16 * 16384**2 * 64
+    assert core.flops(2, 3, 100, 32, True, "fwd+bwd") == 3.5 * core.flops(2, 3, 100, 32, True, "fwd")
+    assert core.flops(2, 3, 100, 32, False, "bwd") == 2.5 * core.flops(2, 3, 100, 32, False, "fwd")
+
+
+def test_measure_ratio_oom_and_roundtrip(tmp_path):
+    def naive(q, k, v, c):
+        return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+    def oom(q, k, v, c):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    kw = dict(B=1, H=2, N=64, D=16, causal=False, dtype=torch.float32, device="cpu")
+    rows = core.measure("sdpa-flash", naive, **kw) + core.measure("mine", naive, **kw) + core.measure("big", oom, **kw)
+    core.add_ratios(rows)
+    assert [r.status for r in rows] == ["ok", "ok", "ok", "ok", "oom", "oom"]
+    assert all(r.ms > 0 and r.tflops > 0 for r in rows[:4])
+    assert rows[0].ratio_to_sdpa_flash == 1.0 and rows[2].ratio_to_sdpa_flash is not None
+    core.save(rows, tmp_path / "results.json", tmp_path / "results.csv")
+    again = core.load_rows(tmp_path / "results.json")
+    assert [r.impl for r in again] == [r.impl for r in rows]
+    assert "oom" in core.table(again)
+    made = draw(again, tmp_path)
+    assert made and all(p.exists() and p.stat().st_size > 1000 for p in made)
