@@ -24,6 +24,9 @@ import torch
 
 from . import core, plots
 
+# fp32 sweep: SDPA's flash and cuDNN backends refuse fp32, so they are left out there.
+SWEEP_IMPLS = ["naive", "compiled", "sdpa-efficient", "sdpa-math", "step04", "step04-compiled",
+               "step05", "step06", "step07"]
 GRID_IMPLS = ["naive", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
               "step04", "step04-compiled", "step05", "step06", "step07"]
 
@@ -36,7 +39,7 @@ def _progress(items, desc):
         return items
 
 
-def run_suite(suite, impls, device, small, machine):
+def run_suite(suite, impls, device, small, machine, default_impls=False):
     configs = []
     if suite == "sweep":
         Ds = [64] if small else [16, 32, 64, 128]
@@ -59,18 +62,22 @@ def run_suite(suite, impls, device, small, machine):
         configs.append(dict(B=1, H=16, N=N, D=64, causal=True, dtype=torch.float32 if small else torch.bfloat16,
                             modes=("fwd+bwd",)))
     rows = []
+    if suite == "sweep" and device == "cuda" and default_impls:
+        impls = {n: f for n, f in impls.items() if n in SWEEP_IMPLS}
     work = [(c, name) for c in configs for name in impls]
     for c, name in _progress(work, suite):
         fn = impls[name]
         modes = c["modes"]
         if isinstance(fn, str):
             rows += [core.Row(impl=name, mode=m, dtype=str(c["dtype"]).replace("torch.", ""), B=c["B"], H=c["H"],
-                              N=c["N"], D=c["D"], causal=c["causal"], status=fn[:160], machine=machine)
+                              N=c["N"], D=c["D"], causal=c["causal"], status=fn[:160], machine=machine,
+                              suite=suite)
                      for m in modes]
             continue
         measured = core.measure(name, fn, B=c["B"], H=c["H"], N=c["N"], D=c["D"], causal=c["causal"],
                                 dtype=c["dtype"], device=device, modes=tuple(m if m != "bwd" else "fwd+bwd"
-                                                                              for m in modes), machine=machine)
+                                                                              for m in modes), machine=machine,
+                                suite=suite)
         if "bwd" in modes:   # the sweep reports the backward alone: fwd+bwd minus fwd
             fwd = next((r for r in measured if r.mode == "fwd"), None)
             for r in measured:
@@ -85,15 +92,16 @@ def run_suite(suite, impls, device, small, machine):
 
 def draw(rows, out: Path, ceilings=None):
     made = []
-    if any(r.dtype == "float32" and r.B == 8 and r.H == 1 for r in rows):
-        Ds = sorted({r.D for r in rows if r.B == 8 and r.H == 1})
+    sweep = [r for r in rows if r.suite == "sweep"]
+    if sweep:
+        Ds = sorted({r.D for r in sweep})
         for mode in ("fwd", "bwd"):
-            made.append(plots.plot_lines(rows, "ms", out / f"sweep_{mode}_ms.png", ylabel=f"{mode} ms",
-                                         panels=[(f"D={d}, {mode}", dict(D=d, mode=mode, B=8, H=1)) for d in Ds]))
-        made.append(plots.plot_lines(rows, "mem_before_bwd_mib", out / "sweep_memory.png",
+            made.append(plots.plot_lines(sweep, "ms", out / f"sweep_{mode}_ms.png", ylabel=f"{mode} ms",
+                                         panels=[(f"D={d}, {mode}", dict(D=d, mode=mode)) for d in Ds]))
+        made.append(plots.plot_lines(sweep, "mem_before_bwd_mib", out / "sweep_memory.png",
                                      ylabel="MiB in use before the backward",
-                                     panels=[(f"D={d}", dict(D=d, mode="bwd", B=8, H=1)) for d in Ds]))
-    grid = [r for r in rows if not (r.B == 8 and r.H == 1)]
+                                     panels=[(f"D={d}", dict(D=d, mode="bwd")) for d in Ds]))
+    grid = [r for r in rows if r.suite == "grid"]
     if grid:
         Ds = sorted({r.D for r in grid})
         for mode in ("fwd", "fwd+bwd"):
@@ -158,7 +166,7 @@ def main(argv=None):
     ceilings = core.measure_ceilings(device)
     rows = []
     for suite in suites:
-        rows += run_suite(suite, impls, device, small, machine)
+        rows += run_suite(suite, impls, device, small, machine, default_impls=not args.impls)
     core.save(rows, out / "results.json", out / "results.csv")
     if ceilings:
         import json

@@ -42,6 +42,7 @@ class Row:
     mem_before_bwd_mib: float | None = None
     ratio_to_sdpa_flash: float | None = None
     status: str = "ok"                  # "ok", "oom", "unsupported: ...", "error: ..."
+    suite: str = ""                     # "sweep", "grid" or "leaderboard"
     machine: dict = field(default_factory=dict)
 
 
@@ -117,11 +118,11 @@ def implementations(impl_root="solutions", device="cpu"):
 CPU_DEFAULT = ["naive", "compiled", "sdpa-flash", "sdpa-math", "step04"]
 
 
-def measure(name, fn, *, B, H, N, D, causal, dtype, device, modes=("fwd", "fwd+bwd"), machine=None):
+def measure(name, fn, *, B, H, N, D, causal, dtype, device, modes=("fwd", "fwd+bwd"), machine=None, suite=""):
     """Measure one implementation at one shape; OOM and refusals become rows, not crashes."""
     rows = []
     base = dict(impl=name, dtype=str(dtype).replace("torch.", ""), B=B, H=H, N=N, D=D, causal=causal,
-                machine=machine or {})
+                machine=machine or {}, suite=suite)
     try:
         q, k, v = make_qkv(B, H, N, N, D, dtype=dtype, device=device, requires_grad=True)
         do = torch.randn_like(q)
@@ -170,10 +171,10 @@ def measure(name, fn, *, B, H, N, D, causal, dtype, device, modes=("fwd", "fwd+b
 
 def add_ratios(rows):
     """Fill ratio_to_sdpa_flash: SDPA-FLASH's time at the same shape and mode over this row's time."""
-    ref = {(r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal): r.ms
+    ref = {(r.suite, r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal): r.ms
            for r in rows if r.impl == "sdpa-flash" and r.ms}
     for r in rows:
-        t = ref.get((r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal))
+        t = ref.get((r.suite, r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal))
         if t and r.ms:
             r.ratio_to_sdpa_flash = t / r.ms
     return rows
