@@ -20,7 +20,7 @@ def test_measure_ratio_oom_and_roundtrip(tmp_path):
     def oom(q, k, v, c):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    kw = dict(B=1, H=2, N=64, D=16, causal=False, dtype=torch.float32, device="cpu")
+    kw = dict(B=1, H=2, N=64, D=16, causal=False, dtype=torch.float32, device="cpu", suite="grid")
     rows = core.measure("sdpa-flash", naive, **kw) + core.measure("mine", naive, **kw) + core.measure("big", oom, **kw)
     core.add_ratios(rows)
     assert [r.status for r in rows] == ["ok", "ok", "ok", "ok", "oom", "oom"]
