@@ -1,0 +1,181 @@
+"""Step 07 -- FlashAttention in hand-written CUDA, built into PyTorch.
+
+The same algorithm as steps 04-06, written as CUDA C++ kernels in ``csrc/``:
+
+    csrc/step07_fwd_v1.cu   v1: one thread per query row, scalar fp32 (fp32/fp16/bf16 inputs)
+    csrc/step07_fwd_v2.cu   v2: tensor cores (mma.sync m16n8k16), fp16/bf16, fp32 accumulation
+    csrc/step07_fwd_v3.cu   v3: v2 + cp.async double buffering, ldmatrix, swizzled shared
+                            memory, 128-row tiles (the production techniques)
+    csrc/step07_bwd.cu      the backward: Delta, then dK/dV and dQ kernels, scalar fp32
+    csrc/step07_binding.cpp the torch glue (the only file that includes torch)
+
+Each version's measured speed is in the header of its .cu file and in
+``results/h200/``. Head dims 64 and 128; causal is top-left, as everywhere in
+the course.
+
+Building. ``build()`` compiles everything with ``torch.utils.cpp_extension.load``
+the first time it is called (a minute or so), then loads the cached module:
+
+- flags: ``-O3``; ``--use_fast_math``, which turns ``expf``/``exp2f`` into the
+  hardware's approximate ``ex2.approx`` (about 2 ulp of relative error, against
+  fp16's 4.9e-4 and bf16's 3.9e-3 rounding of every stored value: invisible here),
+  divisions into approximate reciprocals, and flushes fp32 denormals (below
+  1.2e-38) to zero -- probabilities that small add nothing to a row sum near 1.
+  Outside a kernel checked against a float64 reference, measure before you trust
+  it. And ``-gencode arch=compute_XY,code=sm_XY`` for this GPU's architecture
+  (sm_90 on an H100/H200, sm_80 on an A100): machine code for this chip and no
+  other, so nothing is JIT-compiled from PTX when the module loads.
+- cache: the build directory is ``$ATTN_BUILD_DIR`` (default
+  ``~/.cache/attn-course``) / ``attn_step07_<hash>``, the hash taken over every
+  source file, the flags and the torch version. Edit a kernel and the hash
+  changes: a fresh directory, a full rebuild, and no stale module. ``steps/`` and
+  ``solutions/`` hash differently, so both can be loaded in one process. Delete
+  the directory to force a rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from attnlib import check_inputs
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_bwd.cu"]
+HEADERS = ["step07_launch.h", "step07_common.cuh"]
+VERSIONS = (1, 2, 3)
+# v3's tile shapes (FlashAttentionCUDA's `config`; 0 is what attention() uses):
+# see launch_d in csrc/step07_fwd_v3.cu. bench/cuda_gpu.py times them all.
+V3_CONFIGS = {64: (0, 1, 2, 3), 128: (0, 1, 2)}
+HEAD_DIMS = (64, 128)
+DTYPES = {
+    1: (torch.float32, torch.float16, torch.bfloat16),
+    2: (torch.float16, torch.bfloat16),
+    3: (torch.float16, torch.bfloat16),
+}
+NVCC_FLAGS = ["-O3", "--use_fast_math", "-lineinfo"]   # cpp_extension adds -std=c++17/20 itself
+
+_EXT = None
+
+
+def find_nvcc() -> str | None:
+    """The nvcc that cpp_extension will use: $CUDA_HOME/bin/nvcc, else the one on PATH."""
+    from torch.utils.cpp_extension import CUDA_HOME
+    if CUDA_HOME:
+        cand = Path(CUDA_HOME) / "bin" / "nvcc"
+        if cand.exists():
+            return str(cand)
+    return shutil.which("nvcc")
+
+
+def arch_flags(capability: tuple[int, int]) -> list[str]:
+    """``-gencode`` for one GPU: (9, 0) -> sm_90 (H100/H200), (8, 0) -> sm_80 (A100)."""
+    cc = f"{capability[0]}{capability[1]}"
+    return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
+
+
+def build(verbose: bool = False):
+    """Compile (or load from the cache) the extension; return the module.
+
+    RuntimeError, saying what to do, when there is no GPU, no nvcc, or a GPU
+    older than sm_80 (the kernels use bf16 mma and cp.async).
+    """
+    global _EXT
+    if _EXT is not None:
+        return _EXT
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "Step 07 runs CUDA kernels and this machine has no usable GPU "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False). Run it on a machine "
+            "with an NVIDIA GPU and a CUDA build of torch; on a CPU, the tests only compile the .cu files.")
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError(
+            "Step 07 needs nvcc to build its kernels and none was found: install the CUDA toolkit "
+            f"matching torch's CUDA ({torch.version.cuda}) and put its bin/ on PATH, or set CUDA_HOME.")
+    cap = torch.cuda.get_device_capability()
+    if cap < (8, 0):
+        raise RuntimeError(
+            f"Step 07's kernels need compute capability 8.0 or newer (bf16 mma.sync, cp.async); "
+            f"{torch.cuda.get_device_name()} is {cap[0]}.{cap[1]}.")
+    from torch.utils.cpp_extension import load
+
+    flags = NVCC_FLAGS + arch_flags(cap)
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode() + b"\0" + (CSRC / name).read_bytes())
+    h.update(" ".join(flags).encode() + torch.__version__.encode())
+    name = f"attn_step07_{h.hexdigest()[:12]}"
+    root = Path(os.environ.get("ATTN_BUILD_DIR", Path.home() / ".cache" / "attn-course"))
+    build_dir = root / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    _EXT = load(name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=["-O3"],
+                extra_cuda_cflags=flags, extra_include_paths=[str(CSRC)], build_directory=str(build_dir),
+                verbose=verbose)
+    return _EXT
+
+
+def _validate(q, k, v, is_causal, scale, version, where):
+    """check_inputs narrowed to this step, then what only CUDA kernels need."""
+    s = check_inputs(q, k, v, is_causal=is_causal, scale=scale, head_dims=HEAD_DIMS,
+                     dtypes=DTYPES.get(version, DTYPES[1]), where=where)
+    if version not in VERSIONS:
+        raise ValueError(f"{where}: no forward version {version!r}; versions are {list(VERSIONS)}")
+    if q.device.type != "cuda":
+        raise ValueError(f"{where}: the CUDA kernels need CUDA tensors, got {q.device}: move q, k, v with .cuda()")
+    return s
+
+
+def _flat(t):
+    """(..., N, D) -> contiguous, 16-byte aligned (BH, N, D)."""
+    t = t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+class FlashAttentionCUDA(torch.autograd.Function):
+    """Forward by the chosen CUDA version; backward by the CUDA backward kernels.
+
+    Saves q, k, v, o and exactly one LSE (float32, (..., Nq), natural log).
+    ``config`` picks v3's tile shape (V3_CONFIGS); the other versions ignore it.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale, version, config=0):
+        ext = build()
+        batch, nq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+        o, lse = ext.fwd(_flat(q), _flat(k), _flat(v), bool(is_causal), float(scale), int(version), int(config))
+        o = o.view(*batch, nq, d)
+        lse = lse.view(*batch, nq)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        # >>> STUDENT: call build().bwd on the flattened (BH, N, D) tensors (lse as (BH, Nq)) and reshape dq, dk, dv back
+        ext = build()
+        dq, dk, dv = ext.bwd(_flat(q), _flat(k), _flat(v), _flat(o), lse.reshape(-1, lse.shape[-1]).contiguous(),
+                             _flat(do), bool(ctx.is_causal), float(ctx.scale))
+        dq, dk, dv = dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+        # <<< STUDENT
+        return dq, dk, dv, None, None, None, None
+
+
+def attention_with_lse(q, k, v, is_causal=False, scale=None, version=3):
+    """``(O, LSE)``: O ``(..., Nq, D)`` in q's dtype, differentiable; LSE float32 ``(..., Nq)``."""
+    s = _validate(q, k, v, is_causal, scale, version, "step07 attention_with_lse")
+    return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)
+
+
+def attention(q, k, v, is_causal=False, scale=None, version=3):
+    """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2 or 3)."""
+    s = _validate(q, k, v, is_causal, scale, version, "step07 attention")
+    return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)[0]

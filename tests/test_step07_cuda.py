@@ -1,0 +1,194 @@
+"""Step 07: hand-written CUDA FlashAttention.
+
+On a CPU: every .cu file compiles with nvcc (so a kernel that does not compile
+never lands), and bad inputs raise clear errors. On a GPU: every forward
+version and the backward match the float64 reference.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlib import make_qkv
+from attnlib.checks import check_attention, check_lse
+from attnlib.loader import REPO, impl_root
+
+pytestmark = pytest.mark.step07
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+
+# The same flags torch.utils.cpp_extension gives nvcc, so code that compiles
+# here compiles there: cpp_extension forbids half/bf16 operators and conversions.
+NVCC_FLAGS = ["-std=c++17", "-O3", "--use_fast_math", "-gencode=arch=compute_90,code=sm_90",
+              "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+              "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+
+
+def _cu_files():
+    dirs = {REPO / "solutions" / "csrc", REPO / "steps" / "csrc"}
+    try:
+        dirs.add(impl_root() / "csrc")
+    except FileNotFoundError:
+        pass
+    return sorted(f for d in dirs if d.is_dir() for f in d.glob("*.cu"))
+
+
+def test_every_cu_file_compiles(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH: install the CUDA toolkit to compile-check the kernels")
+    files = _cu_files()
+    assert any(f.parent.parent.name == "solutions" for f in files), "no .cu file found under solutions/csrc"
+
+    def compile_one(i_f):
+        i, f = i_f
+        r = subprocess.run([nvcc, *NVCC_FLAGS, "-c", str(f), "-o", str(tmp_path / f"{i}.o")],
+                           capture_output=True, text=True)
+        return f, r
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(compile_one, enumerate(files)))
+    failed = [f"{f.relative_to(REPO) if f.is_relative_to(REPO) else f}:\n{r.stderr[-3000:]}"
+              for f, r in results if r.returncode != 0]
+    assert not failed, "nvcc failed on:\n" + "\n".join(failed)
+
+
+# ------------------------------------------------------------------ clear errors (CPU)
+
+def test_unsupported_head_dim_is_a_value_error(load):
+    m = load(7)
+    for version in (1, 2, 3):
+        q, k, v = make_qkv(1, 1, 8, D=80, dtype=torch.float16)
+        with pytest.raises(ValueError, match="head dim D=80 is not supported here; supported: \\[64, 128\\]"):
+            m.attention(q, k, v, version=version)
+
+
+def test_fp32_on_tensor_core_versions_is_a_value_error(load):
+    m = load(7)
+    q, k, v = make_qkv(1, 1, 8, D=64)
+    for version in (2, 3):
+        with pytest.raises(ValueError, match="float32"):
+            m.attention(q, k, v, version=version)
+
+
+def test_unknown_version_is_a_value_error(load):
+    m = load(7)
+    q, k, v = make_qkv(1, 1, 8, D=64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="version"):
+        m.attention(q, k, v, version=4)
+
+
+def test_cpu_tensors_are_a_value_error(load):
+    m = load(7)
+    q, k, v = make_qkv(1, 1, 8, D=64)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        m.attention(q, k, v, version=1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where there is no GPU")
+def test_build_without_gpu_is_a_runtime_error(load):
+    m = load(7)
+    with pytest.raises(RuntimeError, match="no usable GPU"):
+        m.build()
+
+
+def test_arch_flags(load):
+    m = load(7)
+    assert m.arch_flags((9, 0)) == ["-gencode=arch=compute_90,code=sm_90"]
+    assert m.arch_flags((8, 0)) == ["-gencode=arch=compute_80,code=sm_80"]
+
+
+# ------------------------------------------------------------------ the GPU
+
+# (batch, Nq, Nk, D): N not a multiple of any tile, Nq != Nk both ways, rank 3,
+# and one case long enough for many full tiles of every version.
+GPU_CASES = [
+    ((2, 3), 1, 1, 64),
+    ((1, 2), 17, 17, 128),
+    ((2, 1), 100, 100, 64),
+    ((1, 1), 257, 257, 128),
+    ((1, 2), 17, 40, 64),        # Nq < Nk
+    ((2, 1), 100, 33, 128),      # Nq > Nk
+    ((3,), 65, 65, 64),          # rank 3
+    ((1, 2), 515, 1029, 128),    # many tiles, both partial at the end
+]
+VERSION_DTYPES = [(1, torch.float32), (1, torch.float16), (1, torch.bfloat16),
+                  (2, torch.float16), (2, torch.bfloat16), (3, torch.float16), (3, torch.bfloat16)]
+
+
+def _id(c):
+    b, nq, nk, d = c
+    return f"{'x'.join(map(str, b))}-q{nq}-k{nk}-d{d}"
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=_id)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("version,dtype", VERSION_DTYPES,
+                         ids=[f"v{v}-{str(d).replace('torch.', '')}" for v, d in VERSION_DTYPES])
+def test_forward_backward_lse(load, version, dtype, is_causal, case):
+    m = load(7)
+    batch, nq, nk, d = case
+    q, k, v = make_qkv(Nq=nq, Nk=nk, D=d, batch_shape=batch, dtype=dtype, device="cuda", seed=nq + d)
+    attn = lambda q, k, v, is_causal, scale: m.attention(q, k, v, is_causal=is_causal, scale=scale,  # noqa: E731
+                                                         version=version)
+    check_attention(attn, q, k, v, is_causal=is_causal)
+    _, lse = m.attention_with_lse(q, k, v, is_causal=is_causal, version=version)
+    check_lse(lse, q, k, v, is_causal=is_causal)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_explicit_scale(load, version):
+    m = load(7)
+    q, k, v = make_qkv(2, 2, 70, D=64, dtype=torch.float16, device="cuda")
+    attn = lambda q, k, v, is_causal, scale: m.attention(q, k, v, is_causal=is_causal, scale=scale,  # noqa: E731
+                                                         version=version)
+    check_attention(attn, q, k, v, is_causal=True, scale=0.3)
+
+
+@gpu
+@pytest.mark.gpu
+def test_saves_exactly_one_lse(load):
+    m = load(7)
+    q, k, v = make_qkv(2, 3, 33, D=64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    o = m.attention(q, k, v)
+    saved = o.grad_fn.saved_tensors
+    lses = [t for t in saved if t.dtype == torch.float32 and tuple(t.shape) == (2, 3, 33)]
+    assert len(lses) == 1, (f"the autograd Function must save exactly one float32 LSE shaped (2, 3, 33); "
+                            f"saved {[(tuple(t.shape), t.dtype) for t in saved]}")
+
+
+@gpu
+@pytest.mark.gpu
+def test_non_contiguous_inputs(load):
+    m = load(7)
+    q, k, v = make_qkv(2, 4, 50, D=128, dtype=torch.float16, device="cuda")
+    # (B, N, H, D) memory viewed as (B, H, N, D): the layout most models hand over
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not q.is_contiguous()
+    check_attention(lambda q, k, v, is_causal, scale: m.attention(q, k, v, is_causal=is_causal, scale=scale),
+                    q, k, v, is_causal=True)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_v3_tile_configs(load, d, is_causal):
+    """Every tile shape v3 can launch (the benchmark times them all) computes the same function."""
+    m = load(7)
+    q, k, v = make_qkv(Nq=300, Nk=317, D=d, batch_shape=(1, 2), dtype=torch.bfloat16, device="cuda")
+    for config in m.V3_CONFIGS[d]:
+        def attn(q, k, v, is_causal, scale, config=config):
+            s = d ** -0.5 if scale is None else scale
+            return m.FlashAttentionCUDA.apply(q, k, v, is_causal, s, 3, config)[0]
+        check_attention(attn, q, k, v, is_causal=is_causal, grads=False)
