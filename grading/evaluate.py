@@ -1,0 +1,344 @@
+"""Score what a worker sent back: every comparison runs here, in the grader's process.
+
+The worker returns tensors; this module computes the float64 reference from
+the inputs the grader itself drew, compares with ``attnlib.compare.assert_close``
+(the course's one tolerance policy and its teaching report) and asks
+``attnlib.diagnose.likely_bug`` to name the classic mistake a wrong result
+looks like -- the same words a student sees from ``make test``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from attnlib.checks import describe
+from attnlib.compare import CompareError, assert_close
+from attnlib.diagnose import likely_bug
+from attnlib.reference import reference_attention, reference_backward
+
+from .spec import NXN_FRACTION, SDPA_OPS, Check, Item
+
+# Statuses of one check
+PASSED, FAILED, NOT_IMPLEMENTED, ERROR, LOST, SKIPPED = (
+    "passed", "failed", "not implemented", "error", "lost", "skipped")
+
+
+@dataclass
+class CheckResult:
+    group: str
+    name: str
+    status: str
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def passed(self):
+        return self.status == PASSED
+
+    @property
+    def likely_bug(self) -> str:
+        return next((ln.strip()[len("likely bug: "):] for ln in self.message.splitlines()
+                     if ln.strip().startswith("likely bug:")), "")
+
+    @property
+    def summary(self) -> str:
+        """One line: what failed (without the long context), and the likely bug if one was named."""
+        if not self.message:
+            return self.status
+        first = self.message.splitlines()[0]
+        if " does not match the reference" in first:
+            first = first[: first.index(" does not match the reference")] + " is wrong"
+            pct = re.search(r"\(([\d.]+%)\) break", self.message)
+            if pct:
+                first += f" ({pct.group(1)} bad)"
+        bug = self.likely_bug
+        return first + (f": likely bug: {bug}" if bug else "")
+
+
+@dataclass
+class Refs:
+    o: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    grads: tuple | None = None
+
+
+class Fail(Exception):
+    def __init__(self, message, status=FAILED):
+        super().__init__(message)
+        self.status = status
+
+
+def _error_text(err: dict) -> str:
+    where = {"import": "importing the step", "forward": "the forward", "backward": "the backward",
+             "valid": "a valid input"}.get(err.get("phase"), err.get("phase", "?"))
+    text = f"{err.get('type', 'Error')} in {where}: {err.get('message', '')}".rstrip()
+    if err.get("traceback"):
+        text += "\n" + err["traceback"]
+    return text
+
+
+def _from_error(err: dict):
+    status = NOT_IMPLEMENTED if err.get("type") == "NotImplementedError" else ERROR
+    if status == NOT_IMPLEMENTED:
+        raise Fail(f"not implemented: {err.get('message', '')}", status)
+    raise Fail(_error_text(err), status)
+
+
+class Evaluator:
+    """Scores the checks of one step's items against the reference."""
+
+    def __init__(self, diagnose_first: int = 3):
+        self.diagnose_first = diagnose_first
+        self.failures_in: dict[str, int] = {}
+        self.refs: dict[int, Refs] = {}
+
+    # -- references, computed once per item ---------------------------------
+    def _refs(self, it: Item) -> Refs:
+        r = self.refs.setdefault(id(it), Refs())
+        if r.o is None:
+            r.o, r.lse = reference_attention(it.q, it.k, it.v, it.is_causal, it.scale)
+        return r
+
+    def _grads(self, it: Item):
+        r = self._refs(it)
+        if r.grads is None:
+            r.grads = reference_backward(it.q, it.k, it.v, it.dout, it.is_causal, it.scale)
+        return r.grads
+
+    def _hint(self, group, fn):
+        """A likely-bug diagnosis for the first few failures of a group only (it is slow)."""
+        n = self.failures_in.get(group, 0)
+        if n >= self.diagnose_first:
+            return None
+        return fn
+
+    def _close(self, group, actual, expected, *, name, it: Item, quantity, dtype=None, row_dim=-2,
+               row_label="query rows", dout=None):
+        ctx = describe(it.q, it.k, it.is_causal, it.scale).replace(", cpu,", f", {it.device},")
+        scale = it.scale if it.scale is not None else 1 / math.sqrt(it.q.shape[-1])
+        hint = self._hint(group, lambda: likely_bug(quantity, actual, it.q, it.k, it.v, is_causal=it.is_causal,
+                                                    scale=scale, dout=dout, row_dim=row_dim))
+        try:
+            assert_close(actual, expected, name=name, dtype=dtype or it.dtype, row_dim=row_dim,
+                         row_label=row_label, context=ctx, hint=hint)
+        except CompareError as exc:
+            raise Fail(str(exc)) from None
+
+    # -- the checks ------------------------------------------------------------
+    def _output(self, it: Item, rec: dict, key="o", what="attention"):
+        t = rec["tensors"].get(key)
+        if t is None:
+            raise Fail(f"{what} must return one tensor, got {rec['meta'].get('o_type', 'nothing')}")
+        if t.dtype != it.dtype:
+            raise Fail(f"the output must be in the input dtype {it.dtype}, got {t.dtype} "
+                       "(this course never casts silently)")
+        dev = str(rec["meta"].get("o_device", ""))
+        if dev.split(":")[0] != it.device:
+            raise Fail(f"the output must be on {it.device}, like the inputs, got {dev}")
+        return t
+
+    def check_o(self, c: Check, it: Item, rec: dict):
+        err = rec.get("error")
+        if err and err.get("phase") == "forward":
+            _from_error(err)
+        o = self._output(it, rec)
+        self._close(c.group, o, self._refs(it).o, name="O", it=it, quantity="o")
+
+    def check_grads(self, c: Check, it: Item, rec: dict):
+        if rec.get("error"):
+            _from_error(rec["error"])
+        self._output(it, rec)
+        if not rec["meta"].get("requires_grad"):
+            raise Fail("the output does not require grad: the autograd graph is cut "
+                       "(a .detach(), a torch.no_grad() or a tensor made from .data?)")
+        refs = self._grads(it)
+        for (name, key, rows), ref in zip((("dQ", "dq", "query rows"), ("dK", "dk", "key rows"),
+                                           ("dV", "dv", "key rows")), refs):
+            g = rec["tensors"].get(key)
+            if g is None:
+                raise Fail(f"{name} is None: the backward returned no gradient for {key[1]}")
+            if g.dtype != it.dtype:
+                raise Fail(f"{name} must be in the input dtype {it.dtype}, got {g.dtype}")
+            self._close(c.group, g, ref, name=name, it=it, quantity=key, row_label=rows, dout=it.dout)
+
+    def check_o_grads(self, c, it, rec):
+        self.check_o(c, it, rec)
+        self.check_grads(c, it, rec)
+
+    def check_lse(self, c: Check, it: Item, rec: dict):
+        if rec.get("error"):
+            _from_error(rec["error"])
+        if "lse" not in rec["tensors"]:
+            raise Fail(f"{it.extra['fn']} must return a pair (O, LSE) of tensors, "
+                       f"got {rec['meta'].get('o_type')} of length {rec['meta'].get('len')}")
+        o = self._output(it, rec, what=it.extra["fn"])
+        r = self._refs(it)
+        self._close(c.group, o, r.o, name="O", it=it, quantity="o")
+        self._lse(c.group, rec["tensors"]["lse"], it)
+
+    def _lse(self, group, lse, it: Item, what="the LSE"):
+        want = tuple(it.q.shape[:-1])
+        if tuple(lse.shape) != want:
+            raise Fail(f"{what} must be shaped (..., Nq) = {want}, got {tuple(lse.shape)}")
+        if lse.dtype != torch.float32:
+            raise Fail(f"{what} must be float32 whatever the input dtype, got {lse.dtype}")
+        self._close(group, lse, self._refs(it).lse, name="LSE", it=it, quantity="lse",
+                    dtype=torch.float32, row_dim=-1)
+
+    def check_saved(self, c: Check, it: Item, rec: dict):
+        if rec.get("error"):
+            _from_error(rec["error"])
+        meta = rec["meta"]
+        flash = [n for n in meta.get("module_functions", []) if n.startswith("FlashAttention")]
+        if not flash:
+            raise Fail("the step exposes no torch.autograd.Function named FlashAttention<Something> "
+                       f"(found: {meta.get('module_functions') or 'none'})")
+        if not meta.get("functions"):
+            raise Fail("attention's output was not made by a custom autograd.Function: "
+                       f"route it through {flash[0]}.apply")
+        saved = [rec["tensors"][k] for k in sorted(rec["tensors"], key=lambda s: int(s.split("_")[1]))]
+        batch, nq, nk = tuple(it.q.shape[:-2]), it.q.shape[-2], it.k.shape[-2]
+        big = [t for t in saved if t.numel() >= math.prod(batch) * nq * nk]
+        if big:
+            raise Fail(f"{meta.get('function')} saves a tensor of shape {tuple(big[0].shape)}, as large as the "
+                       f"Nq x Nk score matrix: save only Q, K, V, O and the LSE, and recompute P in the backward")
+        want = tuple(it.q.shape[:-1])
+        lse_like = [t for t in saved if tuple(t.shape) == want]
+        if len(lse_like) != 1:
+            shapes = [tuple(t.shape) for t in saved]
+            raise Fail(f"{meta.get('function')} must save exactly one log-sum-exp tensor shaped (..., Nq) = "
+                       f"{want}; it saves {len(lse_like)} (all saved shapes: {shapes})"
+                       + (": save L = m + log(l), not m and l" if len(lse_like) > 1 else ""))
+        self._lse(c.group, lse_like[0], it, what=f"the LSE {meta.get('function')} saves")
+
+    def check_raises(self, c: Check, it: Item, rec: dict):
+        if rec.get("error"):
+            _from_error(rec["error"])
+        raised = rec["meta"].get("raised")
+        if raised == "ValueError":
+            return
+        what = it.extra["what"]
+        if raised is None:
+            raise Fail(f"attention accepted a bad input ({what}) without raising: call check_inputs(...) first")
+        raise Fail(f"a bad input ({what}) raised {raised}, not ValueError: {rec['meta'].get('message', '')}")
+
+    def check_backend(self, c: Check, it: Item, rec: dict):
+        b = it.extra["backend"]
+        if it.expect["accepts"]:
+            if rec.get("error"):
+                _from_error(rec["error"])
+            ran = rec["meta"].get("ops", [])
+            if not set(ran) & set(SDPA_OPS[b]):
+                raise Fail(f"backend={b!r} was asked for but {ran or 'no SDPA kernel'} ran: "
+                           "wrap the call in `with sdpa_kernel([BACKENDS[backend]])`")
+            self._close(c.group, self._output(it, rec), self._refs(it).o, name="O", it=it, quantity="o")
+            return
+        err = rec.get("error")
+        if err is None:
+            raise Fail(f"backend={b!r} refuses these inputs (PyTorch raises RuntimeError) but attention returned "
+                       "a result: is the backend argument ignored? Run the call inside "
+                       "`with sdpa_kernel([BACKENDS[backend]])`")
+        if err.get("type") != "RuntimeError":
+            _from_error(err)
+
+    def check_chosen(self, c: Check, it: Item, rec: dict):
+        if rec.get("error"):
+            _from_error(rec["error"])
+        got, want = rec["meta"].get("chosen"), it.expect["chosen"]
+        if got != want:
+            raise Fail(f"chosen_backend returned {got!r}, but PyTorch's dispatcher picks {want!r} for these inputs")
+
+    def check_time(self, c: Check, it: Item, rec: dict):
+        if rec.get("error"):
+            _from_error(rec["error"])
+        ms = rec["meta"].get("ms")
+        if not isinstance(ms, float) or not math.isfinite(ms) or ms <= 0:
+            raise Fail(f"no time measured (got {ms!r})")
+
+    CHECKS = {"o": check_o, "grads": check_grads, "o+grads": check_o_grads, "lse": check_lse,
+              "saved": check_saved, "raises": check_raises, "backend": check_backend,
+              "chosen": check_chosen, "time": check_time}
+
+    def evaluate(self, c: Check, it: Item, rec: dict) -> CheckResult:
+        try:
+            self.CHECKS[c.what](self, c, it, rec)
+        except Fail as f:
+            self.failures_in[c.group] = self.failures_in.get(c.group, 0) + 1
+            return CheckResult(c.group, c.name, f.status, str(f), rec.get("seconds", 0.0))
+        return CheckResult(c.group, c.name, PASSED, "", rec.get("seconds", 0.0))
+
+
+# ---------------------------------------------------------------------------
+# Rules
+# ---------------------------------------------------------------------------
+
+@dataclass
+class RuleResult:
+    rule: str
+    ok: bool
+    message: str = ""
+    evaluated: bool = True
+
+
+def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set) -> list[RuleResult]:
+    """Decide each rule from the worker's counters. ``ran_ok``: indices of items whose call succeeded."""
+    out = []
+    guards = {i: records[i].get("guard", {}) for i in records}
+
+    def total(key, only=None):
+        return sum(int(g.get(key, 0)) for i, g in guards.items() if only is None or i in only)
+
+    for rule in rules:
+        if not ran_ok:
+            out.append(RuleResult(rule, True, "not checked: nothing ran", evaluated=False))
+            continue
+        if rule == "no_reference":
+            n = total("reference")
+            out.append(RuleResult(rule, n == 0, f"the submission called attnlib's reference_attention/"
+                                  f"reference_backward {n} time(s) while it ran: the grade compares against that "
+                                  "reference, so a step must compute attention itself" if n else ""))
+        elif rule == "compiled":
+            n = max((int(g.get("dynamo_graphs", 0)) for g in guards.values()), default=0)
+            out.append(RuleResult(rule, n > 0, "torch.compile never compiled a graph: compiled_naive() must "
+                                  "return torch.compile(naive_attention, ...) and attention must call it" if n == 0 else ""))
+        elif rule == "no_sdpa":
+            f, b = total("sdpa_fwd"), total("sdpa_bwd")
+            out.append(RuleResult(rule, f + b == 0, f"F.scaled_dot_product_attention ran {f} time(s) in the forward "
+                                  f"and {b} in the backward: this step must compute attention without it" if f + b else ""))
+        elif rule == "no_nxn":
+            probes = [i for i, it in enumerate(items) if it.nxn_probe]
+            bad, msg = False, ""
+            for i in probes:
+                it = items[i]
+                limit = NXN_FRACTION * math.prod(it.q.shape[:-2]) * it.q.shape[-2] * it.k.shape[-2]
+                rec = records.get(i)
+                if rec is None or rec.get("error"):
+                    err = rec.get("error") if rec else None
+                    bad, msg = True, ("the Nq = Nk = 512 probe of the N x N rule did not run"
+                                      + (f" ({err.get('type')}: {err.get('message', '')[:200]})" if err else "")
+                                      + ": the rule cannot be checked, so it counts as broken")
+                    break
+                g = rec.get("guard", {})
+                if int(g.get("max_numel", 0)) >= limit:
+                    bad, msg = True, (f"at Nq = Nk = {it.q.shape[-2]}, {g.get('max_desc', '?')}: an Nq x Nk tensor. "
+                                      "Work on Bq x Bk tiles (or Nq x Bk strips) and keep only the running "
+                                      "max, sum and accumulator")
+                    break
+            out.append(RuleResult(rule, not bad, msg))
+        elif rule in ("triton_fwd", "triton_bwd"):
+            phase = rule[-3:]
+            n = total(f"triton_{phase}", ran_ok)
+            where = "forward" if phase == "fwd" else "backward"
+            out.append(RuleResult(rule, n > 0, f"no Triton kernel was launched in the {where}: this step's "
+                                  f"{where} must run your @triton.jit kernel" if n == 0 else ""))
+        elif rule == "extension":
+            n = total("extension", ran_ok)
+            out.append(RuleResult(rule, n > 0, "the compiled extension was never called: attention must run "
+                                  "your CUDA kernels (through the module torch.utils.cpp_extension built)" if n == 0 else ""))
+        else:  # pragma: no cover - the table and this function go together
+            raise ValueError(rule)
+    return out

@@ -1,0 +1,364 @@
+"""Grade one submission: every released step in its own worker, scored here.
+
+A step that does not exist in this release (no file in steps/ or solutions/ of
+the course) is listed as "not released" and counts for nothing; a released
+step whose file the submission lacks is "missing" and scores 0. So steps
+04-07 join the grade by themselves the day their files land.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnlib.contract import STEPS
+
+from . import sandbox
+from .config import Config, Group
+from .evaluate import (ERROR, FAILED, LOST, NOT_IMPLEMENTED, PASSED, CheckResult, Evaluator, RuleResult,
+                       evaluate_rules)
+from .spec import RULES, STEP_SPECS, Item, build_items, step_needs_gpu
+
+REPO = sandbox.REPO
+
+# Step statuses
+S_PASSED, S_FAILED, S_NOT_IMPL = "passed", "failed", "not implemented"
+S_MISSING, S_IMPORT, S_CRASHED, S_TIMEOUT = "missing", "import error", "crashed", "timed out"
+S_RULE, S_REJECTED, S_NEEDS_GPU, S_NOT_RELEASED, S_GRADER = (
+    "rule broken", "rejected", "needs a GPU", "not released", "grader error")
+UNCOUNTED = (S_NEEDS_GPU, S_NOT_RELEASED)
+
+SIGNALS = {
+    "SIGSEGV": "a segmentation fault: memory read or written out of bounds (a kernel, an extension, ctypes?)",
+    "SIGBUS": "a bus error: a misaligned or unmapped memory access",
+    "SIGABRT": "aborted: an assertion in C++/CUDA code, or an uncaught C++ exception",
+    "SIGFPE": "a floating-point exception in native code",
+    "SIGILL": "an illegal instruction",
+    "SIGKILL": "killed from outside: most likely out of memory",
+    "SIGXFSZ": "it wrote a file larger than the 2 GiB limit",
+    "SIGXCPU": "it ran out of CPU time",
+}
+
+
+@dataclass
+class GroupResult:
+    group: Group
+    checks: list[CheckResult] = field(default_factory=list)
+    points: float = 0.0
+    graded: bool = True           # False: cannot run here (needs a GPU)
+    note: str = ""
+
+    @property
+    def max_points(self):
+        return self.group.points if self.graded else 0.0
+
+    @property
+    def n_passed(self):
+        return sum(c.passed for c in self.checks)
+
+
+@dataclass
+class StepResult:
+    step: int
+    module: str
+    title: str
+    status: str
+    groups: list[GroupResult] = field(default_factory=list)
+    rules: list[RuleResult] = field(default_factory=list)
+    message: str = ""
+    seconds: float = 0.0
+    max_rss_mb: float = 0.0
+    leaderboard: list[dict] = field(default_factory=list)
+
+    @property
+    def points(self):
+        return round(sum(g.points for g in self.groups), 4)
+
+    @property
+    def max_points(self):
+        if self.status in UNCOUNTED:
+            return 0.0
+        return round(sum(g.max_points for g in self.groups), 4)
+
+    @property
+    def n_checks(self):
+        return sum(len(g.checks) for g in self.groups if g.graded)
+
+    @property
+    def n_passed(self):
+        return sum(g.n_passed for g in self.groups if g.graded)
+
+
+@dataclass
+class Grade:
+    impl: str
+    steps: list[StepResult]
+    seconds: float
+    has_gpu: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def points(self):
+        return round(sum(s.points for s in self.steps), 4)
+
+    @property
+    def max_points(self):
+        return round(sum(s.max_points for s in self.steps), 4)
+
+
+# ---------------------------------------------------------------------------
+
+def released_steps() -> list[int]:
+    """The steps of this release: those with a file in the course's steps/ (or solutions/)."""
+    out = []
+    for n, (mod, _) in STEPS.items():
+        if (REPO / "steps" / f"{mod}.py").exists() or (REPO / "solutions" / f"{mod}.py").exists():
+            out.append(n)
+    return out
+
+
+def resolve_impl(impl: str | os.PathLike) -> Path:
+    if str(impl) in ("steps", "solutions"):
+        return REPO / str(impl)
+    p = Path(impl).expanduser().resolve()
+    if not p.is_dir():
+        raise FileNotFoundError(f"{impl}: no such folder")
+    return sandbox.find_submission_root(p)
+
+
+def _sdpa_expectations(items: list[Item]):
+    """Step 03: what PyTorch itself does with each input, decided here in the grader."""
+    names = {SDPBackend.FLASH_ATTENTION: "flash", SDPBackend.EFFICIENT_ATTENTION: "efficient",
+             SDPBackend.CUDNN_ATTENTION: "cudnn", SDPBackend.MATH: "math"}
+    backends = {v: k for k, v in names.items()}
+    for it in items:
+        if it.kind not in ("backend", "chosen_backend"):
+            continue
+        q, k, v = (t.to(it.device) for t in (it.q, it.k, it.v))
+        if it.kind == "backend":
+            try:
+                with torch.no_grad(), sdpa_kernel([backends[it.extra["backend"]]]):
+                    F.scaled_dot_product_attention(q, k, v, is_causal=it.is_causal, scale=it.scale)
+                it.expect["accepts"] = True
+            except RuntimeError:
+                it.expect["accepts"] = False
+        else:
+            choice = SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, it.is_causal, scale=it.scale))
+            it.expect["chosen"] = names.get(choice, choice.name.lower())
+
+
+def _where(items: list[Item], run: sandbox.WorkerRun) -> str:
+    line = run.progress.split(" ", 1)[0] if run.progress else ""
+    if line.isdigit() and int(line) < len(items) and items[int(line)].checks:
+        c = items[int(line)].checks[0]
+        return f"while running {c.group} {c.name}"
+    if line.isdigit() and int(line) < len(items) and items[int(line)].nxn_probe:
+        return "while running the N x N probe (Nq = Nk = 512)"
+    return "before the first check" if not run.records else "after the last check it reported"
+
+
+def _lost_message(run: sandbox.WorkerRun, items, timeout_s, memory_mb) -> tuple[str, str]:
+    """(step status, message) for checks whose result never came back."""
+    where = _where(items, run)
+    if run.timed_out:
+        return S_TIMEOUT, (f"timed out: the step ran past its {timeout_s:g} s limit {where} "
+                           "(an infinite loop? a very slow Python loop?)")
+    if run.memory_killed:
+        return S_CRASHED, f"killed: the worker went over its {memory_mb} MiB memory limit {where}"
+    if run.signal:
+        tail = "\n".join(run.stderr_tail.strip().splitlines()[-12:])
+        return S_CRASHED, (f"crashed: {run.signal}, {SIGNALS.get(run.signal, 'killed by a signal')}, {where}"
+                           + (f"\nlast output of the worker:\n{tail}" if tail else ""))
+    if not run.done:
+        return S_CRASHED, (f"the worker exited (code {run.returncode}) {where}, before this check ran: "
+                           "does the submission call sys.exit() or os._exit()?")
+    return S_CRASHED, "no result came back for this check"
+
+
+class Grader:
+    def __init__(self, config: Config, *, hidden: str | None = None, worker_user: str | None = None,
+                 jobs: int | None = None, has_gpu: bool | None = None, cache: str | None = None):
+        self.config = config
+        self.cache = Path(cache).resolve() if cache else None
+        self.hidden = hidden
+        self.worker_user = worker_user
+        self.jobs = max(1, jobs or config.jobs)
+        self.has_gpu = torch.cuda.is_available() if has_gpu is None else has_gpu
+
+    # -- one submission -------------------------------------------------------
+    def grade(self, impl, steps: list[int] | None = None) -> Grade:
+        t0 = time.monotonic()
+        notes = []
+        root = resolve_impl(impl)
+        work = sandbox.new_workdir()
+        try:
+            sub = work / "submission"
+            notes += sandbox.copy_submission(root, sub)
+            lib = sandbox.worker_lib(work / "lib")
+            guard = sandbox.GraderFiles([REPO / "grading", REPO / "attnlib", self.hidden])
+            released = released_steps()
+            wanted = steps or sorted(STEPS)
+            todo = [n for n in wanted if n in released and n in self.config.steps]
+            threads = max(1, (os.cpu_count() or 1) // min(self.jobs, max(1, len(todo))))
+            results: dict[int, StepResult] = {}
+            for n in wanted:
+                mod, title = STEPS[n]
+                if n not in released or n not in self.config.steps:
+                    results[n] = StepResult(n, mod, title, S_NOT_RELEASED,
+                                            message="not part of this release" if n not in released
+                                            else "not in grading/config.toml")
+
+            def one(n):
+                try:
+                    return self.grade_step(n, sub, lib, work, threads, guard)
+                except Exception as exc:  # the grader's own bug: still a row, never a lost grade
+                    mod, title = STEPS[n]
+                    return StepResult(n, mod, title, S_GRADER, message=f"grader error: {type(exc).__name__}: {exc}")
+
+            with ThreadPoolExecutor(self.jobs) as pool:
+                for res in pool.map(one, todo):
+                    results[res.step] = res
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return Grade(str(impl), [results[n] for n in sorted(results)], time.monotonic() - t0, self.has_gpu, notes)
+
+    # -- one step -------------------------------------------------------------
+    def grade_step(self, n: int, sub: Path, lib: Path, work: Path, threads: int,
+                   guard: sandbox.GraderFiles) -> StepResult:
+        t0 = time.monotonic()
+        mod, title = STEPS[n]
+        sc = self.config.steps[n]
+        spec = STEP_SPECS[n]
+        res = StepResult(n, mod, title, S_FAILED)
+        if step_needs_gpu(n) and not self.has_gpu:
+            res.status = S_NEEDS_GPU
+            res.groups = [GroupResult(g, graded=False, note="needs a GPU") for g in sc.groups]
+            res.message = "no CUDA GPU here: not graded on this machine (and not counted)"
+            return res
+        if not (sub / f"{mod}.py").exists():
+            res.status = S_MISSING
+            res.groups = [GroupResult(g) for g in sc.groups]
+            for gr in res.groups:
+                gr.graded = not (gr.group.needs_gpu and not self.has_gpu)
+            res.message = f"{mod}.py is missing from the submission"
+            return res
+        items, skipped = build_items(n, sc.groups, self.has_gpu)
+        _sdpa_expectations(items)
+        env = {"TRITON_INTERPRET": "1"} if spec.runs_on == "triton" and not self.has_gpu else {}
+        run = sandbox.run_worker(base=work / f"step{n:02d}", lib=lib, step=n, root=sub, items=items,
+                                 rules=spec.rules, timeout_s=sc.timeout_s, memory_mb=sc.memory_mb,
+                                 threads=threads, has_gpu=self.has_gpu, env_extra=env,
+                                 user=self.worker_user, guard=guard, cache=self.cache)
+        res.max_rss_mb = run.max_rss_mb
+        groups = {g.name: GroupResult(g) for g in sc.groups}
+        for g in skipped:
+            groups[g.name].graded = False
+            groups[g.name].note = "needs a GPU: not graded here (and not counted)"
+
+        # Whatever went wrong for the whole step
+        step_problem = None
+        if run.rejected:
+            step_problem = (S_REJECTED, f"the worker's output was rejected: {run.rejected}. Only plain tensors "
+                                        "and values are accepted; the whole step scores 0")
+        elif run.tampered:
+            step_problem = (S_REJECTED, "the submission changed the grader's own files while it ran ("
+                                        + ", ".join(run.tampered[:5]) + "): the whole step scores 0")
+        imp_err = (run.import_rec or {}).get("error")
+
+        ev = Evaluator(self.config.diagnose_first)
+        fwd_bug: dict[int, CheckResult] = {}     # item -> its failed forward check, for the backward's report
+        ran_ok = set()
+        lost_status, lost_msg = None, None
+        for i, it in enumerate(items):
+            rec = run.records.get(i)
+            if rec is not None and not rec.get("error") and rec.get("tensors") is not None:
+                ran_ok.add(i)
+            for c in it.checks:
+                if step_problem:
+                    cr = CheckResult(c.group, c.name, FAILED, step_problem[1])
+                elif imp_err:
+                    st = NOT_IMPLEMENTED if imp_err.get("type") == "NotImplementedError" else ERROR
+                    cr = CheckResult(c.group, c.name, st, "importing the step failed: "
+                                     + f"{imp_err.get('type')}: {imp_err.get('message', '')}\n{imp_err.get('traceback', '')}".rstrip())
+                elif rec is None:
+                    if lost_msg is None:
+                        lost_status, lost_msg = _lost_message(run, items, sc.timeout_s, sc.memory_mb)
+                    cr = CheckResult(c.group, c.name, LOST, lost_msg)
+                else:
+                    rec.setdefault("tensors", {})
+                    rec.setdefault("meta", {})
+                    cr = ev.evaluate(c, it, rec)
+                    if c.what == "o" and cr.status == FAILED:
+                        fwd_bug[i] = cr
+                    elif c.what == "grads" and cr.status == FAILED and i in fwd_bug:
+                        f = fwd_bug[i]
+                        cr.message += ("\n  the forward is wrong on this input too (see the forward group): fix it first"
+                                       + (f"; likely bug there: {f.likely_bug}" if f.likely_bug else ""))
+                groups[c.group].checks.append(cr)
+                if c.what == "time" and cr.passed:
+                    res.leaderboard.append({"name": f"Step {n:02d} fwd+bwd ms ({c.name})",
+                                            "value": round(float(rec["meta"]["ms"]), 4), "order": "asc"})
+
+        # Points
+        for gr in groups.values():
+            if not gr.graded or not gr.checks:
+                gr.points = 0.0
+                continue
+            frac = gr.n_passed / len(gr.checks)
+            if gr.group.all_or_nothing:
+                frac = math.floor(frac)
+            gr.points = round(gr.group.points * frac, 4)
+        res.groups = list(groups.values())
+
+        # Rules: any broken rule zeroes the step
+        if not step_problem and not imp_err:
+            ran_ok_checks = {i for i in ran_ok if items[i].checks}
+            res.rules = evaluate_rules(spec.rules, items, run.records, ran_ok_checks)
+        broken = [r for r in res.rules if not r.ok]
+        if broken:
+            for gr in res.groups:
+                gr.points = 0.0
+                gr.note = "step scored 0: a rule was broken"
+
+        # Status and the first failure
+        all_checks = [c for gr in res.groups if gr.graded for c in gr.checks]
+        failing = [c for c in all_checks if not c.passed]
+        if step_problem:
+            res.status, res.message = step_problem
+            for gr in res.groups:
+                gr.points = 0.0
+        elif imp_err and imp_err.get("type") != "NotImplementedError":
+            res.status = S_IMPORT
+            res.message = f"importing {mod} failed: {imp_err.get('type')}: {imp_err.get('message', '')}"
+        elif broken:
+            res.status = S_RULE
+            res.message = "; ".join(f"{RULES[r.rule]}: {r.message}" for r in broken)
+        elif not failing:
+            res.status = S_PASSED
+        elif all(c.status == NOT_IMPLEMENTED for c in failing) and not any(c.passed for c in all_checks):
+            res.status = S_NOT_IMPL
+            res.message = failing[0].message
+        elif lost_msg:
+            res.status = lost_status
+            first = failing[0]
+            res.message = lost_msg if first.status == LOST else f"{first.group} {first.name}: {first.summary}"
+        else:
+            res.status = S_FAILED
+            first = failing[0]
+            res.message = f"{first.group} {first.name}: {first.summary}"
+        res.seconds = time.monotonic() - t0
+        return res
+
+
+def grade(impl, config: Config, **kwargs) -> Grade:
+    steps = kwargs.pop("steps", None)
+    return Grader(config, **kwargs).grade(impl, steps)

@@ -1,0 +1,268 @@
+"""What each step is graded on: the per-step table, and the calls ("items") it turns into.
+
+``STEP_SPECS`` is the one table to extend when a step lands or changes: which
+group kinds a step supports, which rules it must obey (checked in the worker,
+and a broken rule zeroes the step), and where it runs. Points live in
+config.toml, not here.
+
+An ``Item`` is one call into the submission, run by the worker (grading/worker.py)
+on inputs the grader drew here; each item feeds one or more ``checks``
+(group name, what to compare), which grading/evaluate.py scores in the grader.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from attnlib.cases import Case
+from attnlib.contract import STEPS
+from attnlib.inputs import make_dout, make_qkv
+
+from .config import Group
+
+# ---------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------
+
+RULES = {
+    "no_reference": "must not call the course's reference (attnlib.reference_attention / reference_backward)",
+    "compiled": "must run through torch.compile (Dynamo must compile at least one graph)",
+    "no_sdpa": "must not call F.scaled_dot_product_attention (forward or backward)",
+    "no_nxn": "must not build an Nq x Nk tensor (checked at Nq = Nk = 512, forward and backward)",
+    "triton_fwd": "the forward must launch a Triton kernel",
+    "triton_bwd": "the backward must launch a Triton kernel",
+    "extension": "must call its compiled CUDA extension",
+}
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    kinds: tuple[str, ...]           # group kinds the step supports
+    rules: tuple[str, ...]           # keys of RULES; any broken rule scores the whole step 0
+    runs_on: str = "cpu"             # "cpu": fp32 on the CPU (lowp on a GPU if any);
+                                     # "triton": a GPU if any, else the Triton interpreter on the CPU;
+                                     # "cuda": a GPU only (the step is not graded without one)
+    lse_fn: str = "attention_with_lse"
+
+
+_BASE = ("forward", "backward", "contract", "lowp")
+_FLASH = _BASE + ("lse", "autograd", "speed")
+
+STEP_SPECS: dict[int, StepSpec] = {
+    1: StepSpec(_BASE, ("no_reference",)),
+    2: StepSpec(_BASE, ("no_reference", "compiled")),
+    3: StepSpec(_BASE + ("backend",), ("no_reference",)),
+    4: StepSpec(_FLASH, ("no_reference", "no_sdpa", "no_nxn")),
+    5: StepSpec(_FLASH, ("no_reference", "no_sdpa", "triton_fwd"), runs_on="triton"),
+    6: StepSpec(_FLASH, ("no_reference", "no_sdpa", "triton_fwd", "triton_bwd"), runs_on="triton"),
+    7: StepSpec(_FLASH, ("no_reference", "no_sdpa", "extension"), runs_on="cuda"),
+}
+assert set(STEP_SPECS) == set(STEPS)
+
+NXN_PROBE = Case((1, 1), 512, 512, 32)    # larger than any sensible tile, so only a full matrix reaches Nq*Nk/2
+NXN_FRACTION = 0.5
+SPEED_CASE = Case((4, 16), 4096, 4096, 64)
+
+# Bad inputs for the contract group, made from a valid (q, k, v) of any shape: each must raise ValueError.
+BAD_INPUTS = {
+    "rank mismatch": lambda q, k, v: (q.unsqueeze(0), k, v),
+    "batch mismatch": lambda q, k, v: (q, torch.cat([k, k]), torch.cat([v, v])),
+    "k/v length mismatch": lambda q, k, v: (q, k, torch.cat([v, v], dim=-2)),
+    "head dim mismatch": lambda q, k, v: (q, k[..., :-1], v[..., :-1]),
+    "dtype mismatch": lambda q, k, v: (q, k.to(torch.float64 if k.dtype != torch.float64 else torch.float32), v),
+}
+
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+# The aten op each backend runs (the profiler's names), to tell which one really ran.
+SDPA_OPS = {
+    "math": ("aten::_scaled_dot_product_attention_math",),
+    "flash": ("aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_flash_attention_for_cpu"),
+    "efficient": ("aten::_scaled_dot_product_efficient_attention",),
+    "cudnn": ("aten::_scaled_dot_product_cudnn_attention",),
+}
+
+
+# ---------------------------------------------------------------------------
+# Items
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Check:
+    group: str
+    what: str        # "o", "grads", "o+grads", "lse", "saved", "raises", "backend", "chosen", "time"
+    name: str        # shown to the student: the input it ran on
+
+
+@dataclass
+class Item:
+    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time
+    id: str
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    is_causal: bool = False
+    scale: float | None = None
+    device: str = "cpu"
+    dout: torch.Tensor | None = None
+    grads: bool = False
+    nxn_probe: bool = False
+    bad: tuple | None = None       # (q, k, v) for bad_input items
+    extra: dict = field(default_factory=dict)      # sent to the worker
+    expect: dict = field(default_factory=dict)     # the grader's own expectations: never sent
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def dtype(self):
+        return self.q.dtype
+
+    def task(self) -> dict:
+        """What the worker gets: plain tensors and values only."""
+        t = {"kind": self.kind, "id": self.id, "q": self.q, "k": self.k, "v": self.v,
+             "is_causal": self.is_causal, "scale": self.scale, "device": self.device,
+             "grads": self.grads, "nxn_probe": self.nxn_probe, "extra": dict(self.extra)}
+        if self.dout is not None:
+            t["dout"] = self.dout
+        if self.bad is not None:
+            t["bad_q"], t["bad_k"], t["bad_v"] = self.bad
+        return t
+
+
+def _seed(base: int, case: Case) -> int:
+    return (base * 1_000_003 + zlib.crc32(case.id.encode())) % (2 ** 31)
+
+
+def _dtname(dt) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def _check_name(case: Case, is_causal, scale, dtype, device) -> str:
+    s = f"{case.id} {'causal' if is_causal else 'full'}"
+    if scale is not None:
+        s += f" scale={scale:g}"
+    if dtype != torch.float32 or device != "cpu":
+        s += f" {_dtname(dtype)} {device}"
+    return s
+
+
+def _inputs(case: Case, seed: int, dtype, requires_dout=True):
+    q, k, v = make_qkv(Nq=case.nq, Nk=case.nk, D=case.d, batch_shape=case.batch, dtype=dtype,
+                       seed=_seed(seed, case))
+    dout = make_dout(q, seed=_seed(seed, case) + 1) if requires_dout else None
+    return q, k, v, dout
+
+
+def placement(spec: StepSpec, has_gpu: bool, kind: str) -> list[tuple[str, torch.dtype]] | None:
+    """(device, dtype) pairs a group kind runs on, or None when it cannot run here."""
+    if kind in ("lowp", "speed"):
+        if not has_gpu:
+            return None
+        return [("cuda", torch.float16), ("cuda", torch.bfloat16)] if kind == "lowp" else [("cuda", torch.float16)]
+    if spec.runs_on == "cuda":
+        return [("cuda", torch.float16)] if has_gpu else None
+    if spec.runs_on == "triton" and has_gpu:
+        return [("cuda", torch.float16)]
+    return [("cpu", torch.float32)]
+
+
+def step_needs_gpu(step: int) -> bool:
+    return STEP_SPECS[step].runs_on == "cuda"
+
+
+def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Item], list[Group]]:
+    """Turn the groups of one step into worker items. Returns (items, groups that cannot run here)."""
+    spec = STEP_SPECS[step]
+    items: dict[str, Item] = {}
+    skipped: list[Group] = []
+
+    def get(key, make):
+        if key not in items:
+            items[key] = make()
+        return items[key]
+
+    for g in groups:
+        if g.kind not in spec.kinds:
+            raise ValueError(f"step {step}: group {g.name!r} has kind {g.kind!r}, which step {step} "
+                             f"does not support (it supports {spec.kinds}; see grading/spec.py)")
+        where = placement(spec, has_gpu, g.kind)
+        if where is None or (g.needs_gpu and not has_gpu):
+            skipped.append(g)
+            continue
+        for device, dtype in where:
+            if g.kind in ("forward", "backward", "lowp"):
+                runs = [(c, causal, None) for c in g.cases for causal in g.causal]
+                runs += [(g.cases[0], causal, s) for s in g.scales for causal in g.causal]
+                for case, causal, scale in runs:
+                    key = f"attn/{case.id}/{causal}/{scale}/{g.seed}/{_dtname(dtype)}/{device}"
+
+                    def make(case=case, causal=causal, scale=scale, key=key, dtype=dtype, device=device):
+                        q, k, v, dout = _inputs(case, g.seed, dtype)
+                        return Item("attn", key, q, k, v, causal, scale, device, dout=dout)
+                    it = get(key, make)
+                    name = _check_name(case, causal, scale, dtype, device)
+                    what = {"forward": "o", "backward": "grads", "lowp": "o+grads"}[g.kind]
+                    it.checks.append(Check(g.name, what, name))
+                    it.grads = it.grads or what != "o"
+            elif g.kind == "lse":
+                for case in g.cases:
+                    for causal in g.causal:
+                        key = f"lse/{case.id}/{causal}/{g.seed}/{_dtname(dtype)}/{device}"
+                        q, k, v, _ = _inputs(case, g.seed, dtype, requires_dout=False)
+                        it = get(key, lambda: Item("lse", key, q, k, v, causal, None, device,
+                                                   extra={"fn": spec.lse_fn}))
+                        it.checks.append(Check(g.name, "lse", _check_name(case, causal, None, dtype, device)))
+            elif g.kind == "autograd":
+                case = max(g.cases, key=lambda c: c.nq * c.nk)
+                for causal in g.causal:
+                    key = f"saved/{case.id}/{causal}/{g.seed}/{_dtname(dtype)}/{device}"
+                    q, k, v, dout = _inputs(case, g.seed, dtype)
+                    it = get(key, lambda: Item("saved", key, q, k, v, causal, None, device, dout=dout, grads=True))
+                    it.checks.append(Check(g.name, "saved", _check_name(case, causal, None, dtype, device)))
+            elif g.kind == "contract":
+                q, k, v, _ = _inputs(g.cases[0], g.seed, dtype, requires_dout=False)
+                for bad_name, make_bad in BAD_INPUTS.items():
+                    key = f"bad/{bad_name}/{_dtname(dtype)}/{device}"
+                    it = get(key, lambda: Item("bad_input", key, q, k, v, False, None, device,
+                                               bad=tuple(t.contiguous() for t in make_bad(q, k, v)),
+                                               extra={"what": bad_name}))
+                    it.checks.append(Check(g.name, "raises", bad_name))
+            elif g.kind == "backend":
+                case = g.cases[0]
+                q, k, v, _ = _inputs(case, g.seed, dtype, requires_dout=False)
+                for causal in g.causal:
+                    for b in SDPA_BACKENDS:
+                        key = f"backend/{b}/{case.id}/{causal}/{_dtname(dtype)}/{device}"
+                        it = get(key, lambda: Item("backend", key, q, k, v, causal, None, device,
+                                                   extra={"backend": b}))
+                        it.checks.append(Check(g.name, "backend", f"backend={b} {_check_name(case, causal, None, dtype, device)}"))
+                    key = f"chosen/{case.id}/{causal}/{_dtname(dtype)}/{device}"
+                    it = get(key, lambda: Item("chosen_backend", key, q, k, v, causal, None, device))
+                    it.checks.append(Check(g.name, "chosen", f"chosen_backend {_check_name(case, causal, None, dtype, device)}"))
+            elif g.kind == "speed":
+                case = SPEED_CASE
+                key = f"time/{case.id}/{_dtname(dtype)}"
+                it = get(key, lambda: Item("time", key, *_lazy_speed_inputs(case, dtype), True, None, device,
+                                           extra={"case": [list(case.batch), case.nq, case.nk, case.d]}))
+                it.checks.append(Check(g.name, "time", f"{case.id} causal {_dtname(dtype)} fwd+bwd"))
+    out = list(items.values())
+    if "no_nxn" in spec.rules and out:
+        where = placement(spec, has_gpu, "forward")
+        if where:
+            device, dtype = where[0]
+            q, k, v, dout = _inputs(NXN_PROBE, 7, dtype)
+            for causal in (False, True):
+                out.append(Item("attn", f"nxn/{causal}", q, k, v, causal, None, device, dout=dout,
+                                grads=True, nxn_probe=True))
+    return out, skipped
+
+
+def _lazy_speed_inputs(case: Case, dtype):
+    # Timing inputs are big: the worker draws them itself from this seed (no 100 MB task file).
+    empty = torch.empty(0)
+    return empty, empty, empty
+
+
+def rules_for(step: int) -> tuple[str, ...]:
+    return STEP_SPECS[step].rules

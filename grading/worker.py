@@ -1,0 +1,437 @@
+"""The worker: the only process where a submission's code runs.
+
+    python -I -c "<boot>" TASK.pt          (started by grading/sandbox.py, never by hand)
+
+It loads the task the grader wrote (inputs as plain tensors), installs the
+instrumentation for the step's rules, imports the step from the submission
+folder, runs each item and writes what came back -- tensors and a few plain
+values, nothing else -- to ``out/<index>.pt``, one file per item, as it goes.
+It compares nothing and scores nothing: the grader does both, in its own
+process, on the tensors it reads back (weights_only, schema-checked).
+
+Everything recorded here (which ops ran, how many Triton launches, what the
+autograd Function saved) is reported by a process the submission controls; a
+hostile submission can forge it. grading/README.md says what the grader
+cross-checks and what it cannot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import sys
+import time
+import traceback
+import types
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+MAX_MSG = 4000
+MAX_SAVED = 16
+
+
+def _short(text: str, n: int = MAX_MSG) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[: n // 2] + "\n[...]\n" + text[-n // 2:]
+
+
+def _error(phase: str, exc: BaseException, root: str) -> dict:
+    tb = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in tb if f.filename.startswith(root)] or list(tb[-3:])
+    lines = [f"  {f.filename.replace(root, '<submission>')}, line {f.lineno}, in {f.name}\n    {f.line or ''}"
+             for f in mine[-6:]]
+    return {"phase": phase, "type": type(exc).__name__, "message": _short(str(exc)),
+            "traceback": _short("\n".join(lines), 3000)}
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu").clone().contiguous()
+
+
+# ---------------------------------------------------------------------------
+# Instrumentation for the rules
+# ---------------------------------------------------------------------------
+
+class Guards:
+    """Counters for the step's rules, installed before the submission is imported."""
+
+    def __init__(self, rules):
+        self.rules = set(rules)
+        self.counts: Counter = Counter()
+        self.phase: str | None = None
+        self.max_numel = 0
+        self.max_desc = ""
+        self.nxn_limit = None
+
+    # -- installation -------------------------------------------------------
+    def install(self):
+        self._wrap_reference()
+        if self.rules & {"triton_fwd", "triton_bwd"}:
+            self._wrap_triton()
+        if "extension" in self.rules:
+            self._wrap_cpp_extension_loaders()
+        if "compiled" in self.rules:
+            import torch._dynamo  # noqa: F401  (so the counters exist)
+
+    def _counting(self, fn, key):
+        guards = self
+
+        def wrapper(*args, **kwargs):
+            if guards.phase is not None:
+                guards.counts[key] += 1
+            return fn(*args, **kwargs)
+        wrapper.__wrapped__ = fn
+        wrapper.__name__ = getattr(fn, "__name__", key)
+        return wrapper
+
+    def _wrap_reference(self):
+        import attnlib
+        import attnlib.checks
+        import attnlib.diagnose
+        import attnlib.reference
+        for mod in (attnlib, attnlib.reference, attnlib.checks, attnlib.diagnose):
+            for name in ("reference_attention", "reference_backward"):
+                if hasattr(mod, name):
+                    setattr(mod, name, self._counting(getattr(mod, name), "reference"))
+
+    def _wrap_triton(self):
+        guards = self
+        classes = []
+        try:
+            from triton.runtime.jit import JITFunction
+            classes.append(JITFunction)
+        except Exception:
+            pass
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        except Exception:
+            pass
+        for cls in classes:
+            orig = cls.run
+
+            def run(self_, *args, __orig=orig, **kwargs):
+                guards.counts[f"triton_{guards.phase or 'outside'}"] += 1
+                return __orig(self_, *args, **kwargs)
+            cls.run = run
+
+    def _wrap_cpp_extension_loaders(self):
+        import torch.utils.cpp_extension as ce
+        guards = self
+        for name in ("load", "load_inline"):
+            orig = getattr(ce, name)
+
+            def loader(*args, __orig=orig, **kwargs):
+                mod = __orig(*args, **kwargs)
+                guards.wrap_extension(mod)
+                return mod
+            setattr(ce, name, loader)
+
+    def wrap_extension(self, mod):
+        if not isinstance(mod, types.ModuleType) or getattr(mod, "__grading_wrapped__", False):
+            return
+        for name in dir(mod):
+            obj = getattr(mod, name)
+            if callable(obj) and isinstance(obj, types.BuiltinFunctionType):
+                setattr(mod, name, self._counting(obj, "extension"))
+        with contextlib.suppress(Exception):
+            mod.__grading_wrapped__ = True
+
+    def after_import(self, step_mod):
+        """Wrap compiled extension modules the step imported at module level."""
+        if "extension" not in self.rules:
+            return
+        for name, obj in list(vars(step_mod).items()):
+            if isinstance(obj, types.ModuleType) and str(getattr(obj, "__file__", "")).endswith((".so", ".pyd")):
+                self.wrap_extension(obj)
+            elif isinstance(obj, types.BuiltinFunctionType):
+                owner = sys.modules.get(getattr(obj, "__module__", "") or "")
+                if owner is not None and str(getattr(owner, "__file__", "")).endswith((".so", ".pyd")):
+                    setattr(step_mod, name, self._counting(obj, "extension"))
+
+    # -- per call ------------------------------------------------------------
+    @contextlib.contextmanager
+    def watch(self, phase: str, nxn_probe: bool = False):
+        """Count what happens while the submission runs ``phase`` ("fwd" or "bwd")."""
+        modes = []
+        if "no_sdpa" in self.rules:
+            modes.append(_SdpaFunctionMode(self))
+        if (nxn_probe and "no_nxn" in self.rules) or "extension" in self.rules:
+            modes.append(_OpDispatchMode(self, nxn=nxn_probe))
+        self.phase = phase
+        try:
+            with contextlib.ExitStack() as stack:
+                for m in modes:
+                    stack.enter_context(m)
+                yield
+        finally:
+            self.phase = None
+
+    def snapshot(self) -> dict:
+        d = {k: int(v) for k, v in self.counts.items()}
+        if "compiled" in self.rules:
+            from torch._dynamo.utils import counters
+            d["dynamo_graphs"] = int(counters["stats"].get("unique_graphs", 0))
+        if self.max_desc:
+            d["max_numel"] = int(self.max_numel)
+            d["max_desc"] = self.max_desc
+        return d
+
+
+class _SdpaFunctionMode(torch.overrides.TorchFunctionMode):
+    def __init__(self, guards):
+        super().__init__()
+        self.guards = guards
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        if "scaled_dot_product_attention" in getattr(func, "__name__", ""):
+            self.guards.counts[f"sdpa_{self.guards.phase}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _OpDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """Sees every aten op (forward and backward): the largest tensor made, SDPA kernels, custom ops."""
+
+    def __init__(self, guards, nxn):
+        super().__init__()
+        self.guards = guards
+        self.nxn = nxn
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        g = self.guards
+        name = str(func)
+        if "scaled_dot_product" in name:
+            g.counts[f"sdpa_{g.phase}"] += 1
+        ns = name.split(".", 1)[0]
+        if ns not in ("aten", "prims", "prim", "_c10d_functional", "c10d", "profiler"):
+            g.counts["extension"] += 1
+        if self.nxn:
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor) and t.numel() > g.max_numel:
+                    g.max_numel = t.numel()
+                    g.max_desc = f"{name} made a tensor of shape {tuple(t.shape)} in the {g.phase}"
+        return out
+
+
+# ---------------------------------------------------------------------------
+# The items
+# ---------------------------------------------------------------------------
+
+def _leaves(it, grads):
+    dev = it["device"]
+    return [it[n].to(dev).requires_grad_(grads) for n in ("q", "k", "v")]
+
+
+def run_attn(mod, it, g, root):
+    rec = {"tensors": {}, "meta": {}}
+    q, k, v = _leaves(it, it["grads"])
+    try:
+        with g.watch("fwd", it["nxn_probe"]):
+            out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
+    except BaseException as exc:  # noqa: BLE001 - a student's SystemExit is a failure too
+        rec["error"] = _error("forward", exc, root)
+        return rec
+    rec["meta"]["o_type"] = type(out).__name__
+    if not isinstance(out, torch.Tensor):
+        return rec
+    rec["tensors"]["o"] = _cpu(out)
+    rec["meta"]["o_device"] = str(out.device)
+    rec["meta"]["requires_grad"] = bool(out.requires_grad)
+    if it["grads"] and out.requires_grad:
+        try:
+            with g.watch("bwd", it["nxn_probe"]):
+                out.backward(it["dout"].to(out.device, out.dtype))
+        except BaseException as exc:  # noqa: BLE001
+            rec["error"] = _error("backward", exc, root)
+            return rec
+        for name, t in (("dq", q), ("dk", k), ("dv", v)):
+            if t.grad is not None:
+                rec["tensors"][name] = _cpu(t.grad)
+    return rec
+
+
+def run_lse(mod, it, g, root):
+    rec = {"tensors": {}, "meta": {}}
+    q, k, v = _leaves(it, False)
+    fn = getattr(mod, it["extra"]["fn"], None)
+    if fn is None:
+        rec["error"] = {"phase": "forward", "type": "AttributeError", "traceback": "",
+                        "message": f"the step has no function {it['extra']['fn']}(q, k, v, is_causal, scale)"}
+        return rec
+    try:
+        with g.watch("fwd"):
+            res = fn(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("forward", exc, root)
+        return rec
+    rec["meta"]["o_type"] = type(res).__name__
+    if isinstance(res, (tuple, list)) and len(res) == 2 and all(isinstance(t, torch.Tensor) for t in res):
+        rec["tensors"]["o"], rec["tensors"]["lse"] = _cpu(res[0]), _cpu(res[1])
+        rec["meta"]["o_device"] = str(res[0].device)
+    rec["meta"]["len"] = len(res) if isinstance(res, (tuple, list)) else -1
+    return rec
+
+
+def run_saved(mod, it, g, root):
+    rec = {"tensors": {}, "meta": {}}
+    q, k, v = _leaves(it, True)
+    try:
+        with g.watch("fwd"):
+            out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("forward", exc, root)
+        return rec
+    rec["meta"]["module_functions"] = sorted(
+        name for name, obj in vars(mod).items()
+        if isinstance(obj, type) and issubclass(obj, torch.autograd.Function) and obj is not torch.autograd.Function)
+    if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+        rec["meta"]["functions"] = []
+        return rec
+    seen, todo, custom = set(), [out.grad_fn], []
+    while todo and len(seen) < 200:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            custom.append(node)
+        todo.extend(n for n, _ in node.next_functions)
+    rec["meta"]["functions"] = [type(n).__name__ for n in custom]
+    if custom:
+        node = next((n for n in custom if type(n).__name__.startswith("FlashAttention")), custom[0])
+        rec["meta"]["function"] = type(node).__name__
+        saved = node.saved_tensors
+        rec["meta"]["saved_count"] = len(saved)
+        for i, t in enumerate(saved[:MAX_SAVED]):
+            if isinstance(t, torch.Tensor):
+                rec["tensors"][f"saved_{i}"] = _cpu(t)
+    return rec
+
+
+def run_bad_input(mod, it, g, root):
+    rec = {"tensors": {}, "meta": {}}
+    try:
+        with torch.no_grad(), g.watch("fwd"):
+            mod.attention(*_leaves(it, False))
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("forward", exc, root)
+        return rec
+    dev = it["device"]
+    try:
+        with torch.no_grad(), g.watch("fwd"):
+            mod.attention(it["bad_q"].to(dev), it["bad_k"].to(dev), it["bad_v"].to(dev))
+        rec["meta"]["raised"] = None
+    except BaseException as exc:  # noqa: BLE001
+        rec["meta"]["raised"] = type(exc).__name__
+        rec["meta"]["message"] = _short(str(exc), 500)
+    return rec
+
+
+def run_backend(mod, it, g, root):
+    rec = {"tensors": {}, "meta": {}}
+    q, k, v = _leaves(it, False)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    try:
+        with torch.profiler.profile(activities=acts) as prof, g.watch("fwd"):
+            out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"],
+                                backend=it["extra"]["backend"])
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("forward", exc, root)
+        return rec
+    rec["meta"]["ops"] = sorted({e.key for e in prof.key_averages() if "scaled_dot_product" in e.key})[:20]
+    rec["meta"]["o_type"] = type(out).__name__
+    if isinstance(out, torch.Tensor):
+        rec["tensors"]["o"] = _cpu(out)
+        rec["meta"]["o_device"] = str(out.device)
+    return rec
+
+
+def run_chosen(mod, it, g, root):
+    rec = {"tensors": {}, "meta": {}}
+    q, k, v = _leaves(it, False)
+    try:
+        with g.watch("fwd"):
+            name = mod.chosen_backend(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("forward", exc, root)
+        return rec
+    rec["meta"]["chosen"] = name[:100] if isinstance(name, str) else f"<{type(name).__name__}>"
+    return rec
+
+
+def run_time(mod, it, g, root):
+    """Forward + backward time on a GPU (median of 10 after 3 warm-ups), for the leaderboard."""
+    from attnlib.inputs import make_dout, make_qkv
+    rec = {"tensors": {}, "meta": {}}
+    batch, nq, nk, d = it["extra"]["case"]
+    q, k, v = make_qkv(Nq=nq, Nk=nk, D=d, batch_shape=tuple(batch), dtype=torch.float16, device="cuda",
+                       requires_grad=True)
+    dout = make_dout(q)
+    times = []
+    try:
+        for i in range(13):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = mod.attention(q, k, v, is_causal=True)
+            out.backward(dout)
+            end.record()
+            torch.cuda.synchronize()
+            if i >= 3:
+                times.append(start.elapsed_time(end))
+            q.grad = k.grad = v.grad = None
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("forward", exc, root)
+        return rec
+    rec["meta"]["ms"] = sorted(times)[len(times) // 2]
+    return rec
+
+
+RUNNERS = {"attn": run_attn, "lse": run_lse, "saved": run_saved, "bad_input": run_bad_input,
+           "backend": run_backend, "chosen_backend": run_chosen, "time": run_time}
+
+
+def _save(obj, path: Path):
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    task = torch.load(argv[0], weights_only=True)
+    out = Path(task["out_dir"])
+    faulthandler.enable()                       # a segfault prints where it happened (to our stderr file)
+    torch.set_num_threads(max(1, int(task["threads"])))
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 tolerance assumes true fp32 products
+    torch.backends.cudnn.allow_tf32 = False
+    root = str(Path(task["root"]).resolve())
+    g = Guards(task["rules"])
+    g.install()
+    t0 = time.perf_counter()
+    try:
+        from attnlib.loader import load_step
+        mod = load_step(int(task["step"]), root)
+        g.after_import(mod)
+    except BaseException as exc:  # noqa: BLE001 - a SyntaxError, an ImportError, a sys.exit at import
+        _save({"error": _error("import", exc, root + os.sep)}, out / "import.pt")
+        return 0
+    _save({"seconds": time.perf_counter() - t0, "guard": g.snapshot()}, out / "import.pt")
+    for i, it in enumerate(task["items"]):
+        (out / "progress").write_text(f"{i}\n{it['id']}")
+        t = time.perf_counter()
+        g.counts.clear()
+        g.max_numel, g.max_desc = 0, ""
+        rec = RUNNERS[it["kind"]](mod, it, g, root + os.sep)
+        rec["seconds"] = time.perf_counter() - t
+        rec["guard"] = g.snapshot()
+        _save(rec, out / f"{i}.pt")
+    _save({"n": len(task["items"])}, out / "done.pt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
