@@ -2,6 +2,7 @@
 
     python bench/cuda_gpu.py --out results/h200/step07_cuda.json      # build, validate, benchmark
     python bench/cuda_gpu.py --mutants /tmp/step07_mutants            # break it on purpose, expect failures
+    ncu --clock-control none -k regex:"fwd_v3|flash_fwd" python bench/cuda_gpu.py --profile-once
 
 Order, as in llm.c's dev/cuda: the float64 reference first, every version
 validated against it (the run stops at the first mismatch), and only then
@@ -20,9 +21,9 @@ between repeats). The ratio is SDPA-FLASH's time over ours at the same shape,
 measured in the same run: above 1 we are faster. v1 (scalar fp32) takes
 seconds per call at long N, so it runs only up to --slow-n.
 
-``--mutants DIR`` copies solutions/ to DIR, plants three classic bugs (v3
-forgets to rescale O by exp(m_old - m_new); v2's causal mask is off by one;
-the backward forgets Delta), runs tests/test_step07_cuda.py on the copy and
+``--mutants DIR`` copies solutions/ to DIR, plants classic bugs (v3 forgets
+to rescale O by exp(m_old - m_new); v2's causal mask is off by one; both
+backwards forget Delta), runs tests/test_step07_cuda.py on the copy and
 checks that every planted bug is caught by the tests meant to catch it.
 """
 
@@ -157,14 +158,18 @@ def bench(mod, versions, Ds, Ns, slow_n, bwd_ns, info):
                     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
                     do = torch.randn_like(q)
                     o_ref = sdpa(q, k, v, causal)
-                    o_ours, lse = mod.attention_with_lse(q, k, v, is_causal=causal, version=max(versions))
-                    # backward only: the graph is kept, gradients are recomputed each call
+                    # backward only: the graph is kept, the gradients are recomputed each call
                     b_sdpa = do_bench(lambda: torch.autograd.grad(o_ref, (q, k, v), do, retain_graph=True),
                                       warmup=25, rep=100, return_mode="median")
                     row("sdpa-flash", None, "bwd", B, H, N, D, causal, b_sdpa, b_sdpa)
-                    b_ours = do_bench(lambda: torch.autograd.grad(o_ours, (q, k, v), do, retain_graph=True),
-                                      warmup=25, rep=100, return_mode="median")
-                    row("step07-bwd", None, "bwd", B, H, N, D, causal, b_ours, b_sdpa)
+                    for bv in (1, 2):
+                        if bv == 1 and N > slow_n:
+                            continue
+                        o_ours = mod.FlashAttentionCUDA.apply(q, k, v, causal, D ** -0.5, 3, 0, bv)[0]
+                        b_ours = do_bench(lambda: torch.autograd.grad(o_ours, (q, k, v), do, retain_graph=True),
+                                          warmup=25, rep=100, return_mode="median")
+                        row(f"step07-bwd{bv}", bv, "bwd", B, H, N, D, causal, b_ours, b_sdpa)
+                    del o_ref, o_ours, do
                 del q, k, v
                 torch.cuda.empty_cache()
     return rows
@@ -196,6 +201,8 @@ MUTANTS = [
      "if (key >= p.nk || (p.causal && key >= row)) s[nt][e] = -INFINITY;"),
     ("backward forgets Delta", "csrc/step07_bwd.cu",
      "dSs[i * (BT + 1) + j] = pij * (dp - delta[i]);", "dSs[i * (BT + 1) + j] = pij * dp;"),
+    ("tensor-core backward forgets Delta in dK", "csrc/step07_bwd_mma.cu",
+     "dp[nt][e] = pv * (dp[nt][e] - dlt[st * BB + qi]);", "dp[nt][e] = pv * dp[nt][e];"),
 ]
 
 
@@ -246,7 +253,7 @@ def run_mutants(dest: Path, build_only=False):
     for i in cases("v2-", "causal"):
         expect[i] = {"O"}
     for i in cases("v2-", "full") + cases("v1-"):
-        expect[i] = {"dQ", "dK", "dV"}              # only the backward is broken there
+        expect[i] = {"dQ", "dK", "dV"}              # only the backwards are broken there
     missed = {i: e for i, e in expect.items() if failed.get(i) not in e}
     for name, *_ in MUTANTS:
         print(f"  planted: {name}")
@@ -284,15 +291,32 @@ def main(argv=None):
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--ns", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--slow-n", type=int, default=2048, help="largest N for v1")
-    ap.add_argument("--bwd-ns", default="1024", help="N at which the backward is timed too (D=128 only)")
+    ap.add_argument("--bwd-ns", default="1024,4096,16384", help="N at which the backward is timed too (D=128 only)")
     ap.add_argument("--mutants", type=Path, help="plant bugs in a copy of solutions/ here and test it")
     ap.add_argument("--build-only", action="store_true", help="with --mutants: build the copy, test nothing")
+    ap.add_argument("--profile-once", action="store_true",
+                    help="run v3 and SDPA-FLASH once each (bf16, D=128, N=4096, B=4, H=16, not causal), for ncu")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench/cuda_gpu.py needs a CUDA GPU")
     if args.mutants:
         ALL_IDS = _all_ids()
         return run_mutants(args.mutants, args.build_only)
+
+    if args.profile_once:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        mod = load_step(7, args.impl)
+        q, k, v = make_qkv(4, 16, 4096, D=128, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad():
+            mod.attention(q, k, v)                       # build and warm up outside the profiled launches
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                F.scaled_dot_product_attention(q, k, v)
+            torch.cuda.synchronize()
+            mod.attention(q, k, v)
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                F.scaled_dot_product_attention(q, k, v)
+        torch.cuda.synchronize()
+        return 0
 
     info = machine()
     print(json.dumps(info))

@@ -6,7 +6,8 @@ The same algorithm as steps 04-06, written as CUDA C++ kernels in ``csrc/``:
     csrc/step07_fwd_v2.cu   v2: tensor cores (mma.sync m16n8k16), fp16/bf16, fp32 accumulation
     csrc/step07_fwd_v3.cu   v3: v2 + cp.async double buffering, ldmatrix, swizzled shared
                             memory, 128-row tiles (the production techniques)
-    csrc/step07_bwd.cu      the backward: Delta, then dK/dV and dQ kernels, scalar fp32
+    csrc/step07_bwd.cu      backward v1: Delta, then dK/dV and dQ kernels, scalar fp32 (any dtype)
+    csrc/step07_bwd_mma.cu  backward v2: the same split on tensor cores (fp16/bf16)
     csrc/step07_binding.cpp the torch glue (the only file that includes torch)
 
 Each version's measured speed is in the header of its .cu file and in
@@ -45,7 +46,8 @@ import torch
 from attnlib import check_inputs
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_bwd.cu"]
+SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_bwd.cu",
+           "step07_bwd_mma.cu"]
 HEADERS = ["step07_launch.h", "step07_common.cuh"]
 VERSIONS = (1, 2, 3)
 # v3's tile shapes (FlashAttentionCUDA's `config`; 0 is what attention() uses):
@@ -143,10 +145,12 @@ class FlashAttentionCUDA(torch.autograd.Function):
 
     Saves q, k, v, o and exactly one LSE (float32, (..., Nq), natural log).
     ``config`` picks v3's tile shape (V3_CONFIGS); the other versions ignore it.
+    ``bwd_version``: 1, the scalar backward, or 2, the tensor-core one; by default
+    forward v1 (and any fp32 input) is paired with backward v1, v2 and v3 with v2.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, version, config=0):
+    def forward(ctx, q, k, v, is_causal, scale, version, config=0, bwd_version=None):
         ext = build()
         batch, nq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
         o, lse = ext.fwd(_flat(q), _flat(k), _flat(v), bool(is_causal), float(scale), int(version), int(config))
@@ -154,6 +158,9 @@ class FlashAttentionCUDA(torch.autograd.Function):
         lse = lse.view(*batch, nq)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal, ctx.scale = is_causal, scale
+        if bwd_version is None:
+            bwd_version = 1 if version == 1 or q.dtype == torch.float32 else 2
+        ctx.bwd_version = bwd_version
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -163,10 +170,10 @@ class FlashAttentionCUDA(torch.autograd.Function):
         # >>> STUDENT: call build().bwd on the flattened (BH, N, D) tensors (lse as (BH, Nq)) and reshape dq, dk, dv back
         ext = build()
         dq, dk, dv = ext.bwd(_flat(q), _flat(k), _flat(v), _flat(o), lse.reshape(-1, lse.shape[-1]).contiguous(),
-                             _flat(do), bool(ctx.is_causal), float(ctx.scale))
+                             _flat(do), bool(ctx.is_causal), float(ctx.scale), int(ctx.bwd_version))
         dq, dk, dv = dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
         # <<< STUDENT
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention_with_lse(q, k, v, is_causal=False, scale=None, version=3):

@@ -1,6 +1,31 @@
-// Step 07 -- the interface between the torch glue (step07_binding.cpp, host
-// compiler) and the kernels (.cu files, nvcc): parameter structs and launcher
-// declarations. Host-only: it includes cuda_runtime.h and nothing else.
+// Step 07 -- FlashAttention in CUDA. This header is the index of the versions
+// and the interface between the torch glue (step07_binding.cpp, host compiler)
+// and the kernels (.cu files, nvcc). Host-only: it includes cuda_runtime.h alone.
+//
+// The versions, each kept, each validated against the float64 reference
+// before it is timed. Measured on an NVIDIA H200 (torch 2.11 cu130, nvcc 13.0,
+// 2026-11-29), bf16, 16k tokens (B = 16384/N), hidden 2048, N = 16384, D = 128,
+// forward TFLOP/s and the ratio to SDPA's FLASH backend (FlashAttention-2) timed
+// in the same run (results/h200/step07_cuda.json has the whole grid):
+//
+//   forward                                                    not causal      causal
+//   v1  step07_fwd_v1.cu  one thread per query row, scalar fp32,
+//                         tiles in shared memory (fp32/fp16/bf16)   9 (x0.03)*   8 (x0.03)*
+//   v2  step07_fwd_v2.cu  tensor cores: mma.sync m16n8k16, P fed
+//                         back from registers; plain loads, 16 rows
+//                         per warp, unswizzled shared memory        55 (x0.16)   52 (x0.16)
+//   v3  step07_fwd_v3.cu  cp.async double buffering, ldmatrix,
+//                         XOR-swizzled shared memory, 32 rows per
+//                         warp (128 x 64 tiles), base-2 softmax    340 (x0.97)  317 (x0.97)
+//       (D = 64: 313 (x1.02) and 306 (x1.02); at N >= 4096, D = 128: x0.95-0.98)
+//   backward (dQ, dK, dV; FLOPs counted as 2.5 x forward)
+//   v1  step07_bwd.cu     Delta, then dK/dV and dQ kernels, scalar
+//                         fp32 (any dtype)                          7 (x0.03)*   6 (x0.04)*
+//   v2  step07_bwd_mma.cu the same split on tensor cores (fp16/bf16) 231 (x0.75)  234 (x0.75)
+//   * at N = 1024 (B = 16): the scalar versions take seconds per call at N = 16384.
+//
+// The Python side (solutions/step07_cuda.py) pairs forward v1 with backward v1
+// and forwards v2, v3 with backward v2.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,6 +67,7 @@ struct BwdParams {
 cudaError_t fwd_v1(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v2(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v3(const FwdParams& p, cudaStream_t stream);
-cudaError_t bwd(const BwdParams& p, cudaStream_t stream);
+cudaError_t bwd(const BwdParams& p, cudaStream_t stream);       // scalar fp32 math, any dtype
+cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream);   // tensor cores, fp16/bf16
 
 }  // namespace step07

@@ -69,9 +69,11 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
     return {o, lse};
 }
 
-// bwd(q, k, v, o, lse, dout, causal, scale) -> [dq, dk, dv]
+// bwd(q, k, v, o, lse, dout, causal, scale, version) -> [dq, dk, dv]; version 1: scalar fp32
+// math (any dtype), 2: tensor cores (fp16/bf16)
 std::vector<at::Tensor> bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
-                            const at::Tensor& lse, const at::Tensor& dout, bool causal, double scale) {
+                            const at::Tensor& lse, const at::Tensor& dout, bool causal, double scale,
+                            int64_t version) {
     const int64_t bh = q.size(0), d = q.size(2);
     for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}, {&dout, "dout"}})
         check_3d(*t, name, bh, d);
@@ -90,15 +92,19 @@ std::vector<at::Tensor> bwd(const at::Tensor& q, const at::Tensor& k, const at::
     p.dq = dq.data_ptr(); p.dk = dk.data_ptr(); p.dv = dv.data_ptr(); p.delta = delta.data_ptr<float>();
     p.bh = (int)bh; p.nq = (int)q.size(1); p.nk = (int)k.size(1); p.d = (int)d;
     p.scale = (float)scale; p.causal = causal; p.dtype = dtype_of(q);
-    const cudaError_t err = step07::bwd(p, c10::cuda::getCurrentCUDAStream());
-    TORCH_CHECK(err == cudaSuccess, "step07: backward failed to launch: ", cudaGetErrorString(err));
+    TORCH_CHECK(version == 1 || version == 2, "step07: no backward version ", version, " (there are 1, 2)");
+    TORCH_CHECK(version == 1 || p.dtype != step07::DType::f32,
+                "step07: backward v2 uses fp16/bf16 tensor cores; fp32 runs on v1 only");
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    const cudaError_t err = version == 1 ? step07::bwd(p, stream) : step07::bwd_mma(p, stream);
+    TORCH_CHECK(err == cudaSuccess, "step07: backward v", version, " failed to launch: ", cudaGetErrorString(err));
     return {dq, dk, dv};
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "Step 07: FlashAttention forward (v1 scalar, v2 mma.sync, v3 cp.async+ldmatrix) and backward in CUDA";
+    m.doc() = "Step 07: FlashAttention in CUDA: forward v1 scalar, v2 mma.sync, v3 cp.async+ldmatrix; backward v1 scalar, v2 mma.sync";
     m.def("fwd", &fwd, "forward: (q, k, v, causal, scale, version, config) -> [o, lse]");
-    m.def("bwd", &bwd, "backward: (q, k, v, o, lse, dout, causal, scale) -> [dq, dk, dv]");
+    m.def("bwd", &bwd, "backward: (q, k, v, o, lse, dout, causal, scale, version) -> [dq, dk, dv]");
 }
