@@ -1,4 +1,4 @@
-"""Shared test setup.
+"""Shared test setup (at the repository root, so `pytest --impl ...` is known before tests are collected).
 
 Which implementation is tested: ``--impl steps`` (default, your work),
 ``--impl solutions``, or ``--impl path/to/submission``; or ATTN_IMPL.
