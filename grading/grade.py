@@ -186,8 +186,10 @@ def _lost_message(run: sandbox.WorkerRun, items, timeout_s, memory_mb) -> tuple[
 
 class Grader:
     def __init__(self, config: Config, *, hidden: str | None = None, worker_user: str | None = None,
-                 jobs: int | None = None, has_gpu: bool | None = None, cache: str | None = None):
+                 jobs: int | None = None, has_gpu: bool | None = None, cache: str | None = None,
+                 threads: int | None = None):
         self.config = config
+        self.threads = threads
         self.cache = Path(cache).resolve() if cache else None
         self.hidden = hidden
         self.worker_user = worker_user
@@ -208,7 +210,7 @@ class Grader:
             released = released_steps()
             wanted = steps or sorted(STEPS)
             todo = [n for n in wanted if n in released and n in self.config.steps]
-            threads = max(1, (os.cpu_count() or 1) // min(self.jobs, max(1, len(todo))))
+            threads = self.threads or max(1, (os.cpu_count() or 1) // min(self.jobs, max(1, len(todo))))
             results: dict[int, StepResult] = {}
             for n in wanted:
                 mod, title = STEPS[n]

@@ -208,10 +208,25 @@ def build_release(out: Path, steps: list[int] | None = None, force: bool = False
 
     _verify_release(out)
     report["warnings"] = [f"{p.relative_to(out).as_posix()} still refers to solutions/ (it will fail in the release)"
-                          for p in sorted((out / "tests").glob("*.py")) if (out / "tests").exists()
-                          and re.search(r"""["']solutions["']""", p.read_text())
-                          and p.name != "conftest.py"]
+                          for p in sorted([*out.glob("tests/*.py"), *out.glob("notebooks/*.ipynb")])
+                          if p.name != "conftest.py" and _mentions_solutions(_code_of(p))]
     return report
+
+
+REGION = re.compile(r"^\s*(#|//) (>>> STUDENT:|<<< STUDENT)|SOLUTION-ONLY\s*$", re.M)
+
+
+def _code_of(p: Path) -> str:
+    if p.suffix != ".ipynb":
+        return p.read_text(errors="replace")
+    nb = json.loads(p.read_text())
+    return "\n".join("".join(c.get("source", [])) for c in nb.get("cells", []) if c.get("cell_type") == "code")
+
+
+def _mentions_solutions(code: str) -> bool:
+    """Code (not comments) that names the solutions folder."""
+    lines = (re.sub(r"(^|\s)#.*$", "", ln) for ln in code.splitlines())
+    return any(re.search(r"""["']solutions["']|/ ?["']solutions""", ln) for ln in lines)
 
 
 def _verify_release(out: Path):
@@ -221,10 +236,10 @@ def _verify_release(out: Path):
         if rel.startswith("solutions/") or p.name == "hidden.toml" or "grading_fixtures" in rel:
             leaks.append(rel)
         elif rel.startswith(("steps/", "notebooks/")) and p.suffix in (".py", ".cu", ".cuh", ".cpp", ".h", ".ipynb"):
-            text = p.read_text(errors="replace")
-            if ">>> STUDENT" in text or "SOLUTION-ONLY" in text:
+            code = _code_of(p)
+            if REGION.search(code):
                 leaks.append(f"{rel} (a solution region)")
-            if p.suffix == ".ipynb" and re.search(r"""ATTN_IMPL\\?["']\s*,\s*\\?["']solutions""", text):
+            if p.suffix == ".ipynb" and re.search(r"""ATTN_IMPL["']\s*,\s*["']solutions""", code):
                 leaks.append(f"{rel} (defaults to solutions/)")
     if leaks:
         raise PackageError("the release would leak: " + ", ".join(leaks[:10]))

@@ -149,7 +149,7 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
                  "output": _group_output(s, gr, per_group)[:60000],
                  "tags": [f"step{s.step:02d}", gr.group.kind] + (["hidden"] if gr.group.hidden else []),
                  "visibility": gr.group.visibility}
-            if s.status not in (S_PASSED, "failed") and gr.group.reveal and not t["output"].startswith(s.status):
+            if s.status not in (S_PASSED, "failed") and gr.group.reveal and not gr.note:
                 t["output"] = f"Step status: {s.status}: {s.message}\n\n" + t["output"]
             tests.append(t)
     out = {"score": g.points, "execution_time": round(g.seconds, 1),
@@ -202,8 +202,9 @@ def junit(g: Grade) -> str:
                 ET.SubElement(case, "failure", message="rule broken", type="rule").text = _x(r.message)
                 counts["failures"] += 1
         for gr in s.groups:
-            for c in gr.checks:
-                case = ET.SubElement(suite, "testcase", classname=f"{s.module}.{gr.group.name}", name=c.name,
+            for j, c in enumerate(gr.checks, 1):
+                name = c.name if gr.group.reveal else f"hidden check {j}"      # not even the input's shape
+                case = ET.SubElement(suite, "testcase", classname=f"{s.module}.{gr.group.name}", name=name,
                                      time=f"{c.seconds:.3f}")
                 counts["tests"] += 1
                 if not gr.graded:

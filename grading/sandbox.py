@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,14 +185,26 @@ def _read_regular(path: Path, limit: int) -> bytes:
         return f.read(limit + 1)
 
 
+def _why(exc: Exception) -> str:
+    """The unpickler's reason, without torch's advice to load with weights_only=False."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    boiler = ("Weights only load failed", "Please file an issue", "Check the documentation", "In PyTorch 2.6")
+    for line in text.splitlines():
+        line = line.split("WeightsUnpickler error:", 1)[-1].strip()
+        if line and not line.startswith(boiler):
+            return line[:300]
+    return f"{type(exc).__name__}"
+
+
 def load_record(path: Path) -> dict:
     """Load one record the worker wrote, or raise Rejected / FileNotFoundError."""
     data = _read_regular(path, MAX_RECORD_BYTES)
     try:
-        obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # torch's note on the pickle protocol: not the student's business
+            obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:  # an UnpicklingError for anything that is not plain data
-        raise Rejected(f"{path.name} is not plain tensors and values: "
-                       f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
+        raise Rejected(f"{path.name} is not plain tensors and values ({_why(exc)})") from None
     if type(obj) is not dict:
         raise Rejected(f"{path.name} holds a {type(obj).__name__}, not a record")
     _validate(obj)

@@ -193,7 +193,9 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
         for device, dtype in where:
             if g.kind in ("forward", "backward", "lowp"):
                 runs = [(c, causal, None) for c in g.cases for causal in g.causal]
-                runs += [(g.cases[0], causal, s) for s in g.scales for causal in g.causal]
+                # Explicit scales on the first case with more than one key (with one key, any scale is right).
+                sc_case = next((c for c in g.cases if c.nk > 1), g.cases[0])
+                runs += [(sc_case, causal, s) for s in g.scales for causal in g.causal]
                 for case, causal, scale in runs:
                     key = f"attn/{case.id}/{causal}/{scale}/{g.seed}/{_dtname(dtype)}/{device}"
 

@@ -213,7 +213,8 @@ class _OpDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor) and t.numel() > g.max_numel:
                     g.max_numel = t.numel()
-                    g.max_desc = f"{name} made a tensor of shape {tuple(t.shape)} in the {g.phase}"
+                    g.max_desc = (f"{name} made a tensor of shape {tuple(t.shape)} in the "
+                                  + {"fwd": "forward", "bwd": "backward"}.get(g.phase, str(g.phase)))
         return out
 
 
