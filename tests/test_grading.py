@@ -1,0 +1,374 @@
+"""The autograder grades itself.
+
+- the solutions score full marks on every step a CPU can run (hidden tests included);
+- the pristine stubs score zero, every step "not implemented";
+- each wrong submission (tests/grading_fixtures/wrong.toml: a solution with one
+  classic bug) loses exactly the points worked out by hand there, and the report
+  names the bug;
+- each hostile submission (tests/grading_fixtures/hostile/) -- a hang, an exit, a
+  segfault, an 8 TiB allocation, score tampering, a malicious pickle, the course's
+  reference passed off as its own -- scores what it should, and never more;
+- batch grading, the output formats, the sandbox's defences and the packaging work.
+
+Wrong and hostile submissions use tests/grading_fixtures/config.toml (small,
+fixed); the solutions and the stubs the real grading/config.toml.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlib.contract import STEPS
+from grading import config as cfg
+from grading import sandbox
+from grading.grade import Grader, released_steps
+from grading.report import details, gradescope, junit
+from grading.spec import step_needs_gpu
+
+REPO = Path(__file__).resolve().parent.parent
+FIX = Path(__file__).resolve().parent / "grading_fixtures"
+TEST_CONFIG = FIX / "config.toml"
+WRONG = tomllib.loads((FIX / "wrong.toml").read_text())["wrong"]
+SENTINEL = Path("/tmp/attn_grading_evil_pickle_ran")
+
+# name -> (steps graded, expected {step: (points, status)}, strings the report must hold, config tweaks)
+HOSTILE = {
+    "infinite_loop": ([1], {1: (0.0, "timed out")}, ["timed out: the step ran past its 12 s limit"], {"timeout_s": 12}),
+    "os_exit": ([1], {1: (0.0, "crashed")}, ["the worker exited (code 0)", "os._exit()"], {}),
+    "segfault": ([1, 3], {1: (0.0, "crashed"), 3: (10.0, "passed")}, ["crashed: SIGSEGV, a segmentation fault"], {}),
+    "oom": ([1, 3], {1: (0.0, "failed"), 3: (10.0, "passed")}, ["allocate"], {}),
+    "tamper": ([1], {1: (2.0, "failed")}, ["O does not match the reference", "the output does not require grad"], {}),
+    "evil_pickle": ([1], {1: (0.0, "rejected")}, ["is not plain tensors and values", "the whole step scores 0"], {}),
+    "reference_cheat": ([1], {1: (0.0, "rule broken")}, ["called attnlib's reference_attention/reference_backward"], {}),
+    "not_a_tensor": ([1], {1: (2.0, "failed")}, ["attention must return one tensor, got list"], {}),
+    "syntax_error": ([1], {1: (0.0, "import error")}, ["SyntaxError"], {}),
+}
+
+
+def present(step):
+    return (REPO / "solutions" / f"{STEPS[step][0]}.py").exists()
+
+
+def plant(spec: dict, dst: Path) -> Path:
+    """A folder shaped like steps/: the solutions, with one bug planted as ``spec`` says."""
+    dst.mkdir(parents=True)
+    for p in (REPO / "solutions").glob("*.py"):
+        shutil.copyfile(p, dst / p.name)
+    path = dst / spec["file"]
+    text = path.read_text()
+    head, tail = "", text
+    if "after" in spec:
+        i = text.index(spec["after"])
+        head, tail = text[:i], text[i:]
+    count = spec.get("count", 1)
+    found = tail.count(spec["old"])
+    assert found >= count and (found == 1 or "count" in spec or "after" in spec), (
+        f"{spec['name']}: {spec['old']!r} occurs {found} times in {spec['file']} (expected {count}): "
+        "the solution changed; update tests/grading_fixtures/wrong.toml")
+    path.write_text(head + tail.replace(spec["old"], spec["new"], count))
+    return dst
+
+
+def report(grade) -> str:
+    """Everything a student could read about the grade: the details and every Gradescope output."""
+    gs = gradescope(grade, per_group=50)
+    return details(grade, per_group=50) + "\n" + "\n".join(t["output"] for t in gs["tests"])
+
+
+def step_of(grade, n):
+    return next(s for s in grade.steps if s.step == n)
+
+
+# ---------------------------------------------------------------------------
+# Every wrong and hostile submission, graded once, two at a time
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def graded(tmp_path_factory):
+    base = tmp_path_factory.mktemp("submissions")
+    cache = tmp_path_factory.mktemp("compile-cache")     # shared: the step 02 variants reuse compiled graphs
+    jobs = []
+    for spec in WRONG:
+        if present(spec["step"]):
+            jobs.append((spec["name"], plant(spec, base / spec["name"]), [spec["step"]], {}, None))
+    for name, (steps, _, _, tweak) in HOSTILE.items():
+        dst = base / name
+        shutil.copytree(FIX / "hostile" / name, dst)
+        if 3 in steps:
+            shutil.copyfile(REPO / "solutions" / "step03_sdpa.py", dst / "step03_sdpa.py")
+        jobs.append((name, dst, steps, tweak, None))
+    # The same bug, graded with the hidden tests merged in.
+    spec = next(s for s in WRONG if s["name"] == "step01-causal-off-by-one")
+    jobs.append(("hidden:" + spec["name"], base / spec["name"], [1], {}, FIX / "hidden"))
+    SENTINEL.unlink(missing_ok=True)
+
+    def run(job):
+        name, folder, steps, tweak, hidden = job
+        conf = cfg.load(TEST_CONFIG, hidden)
+        for key, val in tweak.items():
+            for n in steps:
+                setattr(conf.steps[n], key, val)
+        t0 = time.monotonic()
+        g = Grader(conf, hidden=str(hidden) if hidden else None, jobs=1, threads=1,
+                   cache=str(cache)).grade(folder, steps)
+        return name, g, time.monotonic() - t0
+
+    with ThreadPoolExecutor(2) as pool:
+        out = {name: (g, secs) for name, g, secs in pool.map(run, jobs)}
+    for name, (g, secs) in sorted(out.items()):
+        print(f"{name:40s} {g.points:6.2f}/{g.max_points:g}  {secs:5.1f} s  "
+              + ", ".join(f"{s.step:02d}: {s.status}" for s in g.steps))
+    return {name: g for name, (g, _) in out.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", WRONG, ids=[s["name"] for s in WRONG])
+def test_wrong_submission_loses_exactly_its_points(graded, spec):
+    if not present(spec["step"]):
+        pytest.skip(f"step {spec['step']:02d} has not landed in solutions/")
+    g = graded[spec["name"]]
+    s = step_of(g, spec["step"])
+    text = report(g)
+    assert s.status == spec["status"], f"{spec['name']}: status {s.status!r}, expected {spec['status']!r}\n{text}"
+    assert s.points == pytest.approx(spec["points"], abs=1e-3), f"{spec['name']}: {s.points} points\n{text}"
+    assert s.max_points == pytest.approx(sum(g.points for g in cfg.load(TEST_CONFIG).steps[spec["step"]].groups))
+    for needle in spec["expect"]:
+        assert needle in text, f"{spec['name']}: the report does not say {needle!r}\n{text}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_submission(graded, name):
+    steps, expected, needles, _ = HOSTILE[name]
+    g = graded[name]
+    text = report(g)
+    for n, (points, status) in expected.items():
+        s = step_of(g, n)
+        assert (s.points, s.status) == (pytest.approx(points, abs=1e-3), status), f"{name}, step {n}:\n{text}"
+    for needle in needles:
+        assert needle in text, f"{name}: the report does not say {needle!r}\n{text}"
+    if name == "evil_pickle":
+        assert not SENTINEL.exists(), "the grader unpickled the submission's object: its command ran"
+    if name == "tamper":
+        assert g.points == 2.0
+        assert "(1e9, 1e9)" not in (REPO / "attnlib" / "compare.py").read_text(), "the repository's compare.py changed"
+
+
+@pytest.mark.slow
+def test_hidden_tests_merge_and_stay_withheld(graded):
+    g = graded["hidden:step01-causal-off-by-one"]
+    s = step_of(g, 1)
+    hidden = next(gr for gr in s.groups if gr.group.name == "hidden_shapes")
+    assert hidden.group.hidden and hidden.group.visibility == "after_due_date" and not hidden.group.reveal
+    assert len(hidden.checks) == 4 and hidden.n_passed == 2          # the causal half fails there too
+    assert (s.points, s.max_points) == (pytest.approx(7.0), pytest.approx(12.0))
+    gs = gradescope(g)
+    test = next(t for t in gs["tests"] if t["name"].endswith(": hidden_shapes"))
+    assert test["visibility"] == "after_due_date" and test["score"] == 1.0 and test["max_score"] == 2.0
+    assert "withheld" in test["output"] and "q70" not in test["output"], test["output"]
+    assert "q70" not in details(g) and "q70" not in junit(g)
+    # The visible groups still explain themselves.
+    assert "it hides the diagonal" in details(g)
+
+
+# ---------------------------------------------------------------------------
+# Solutions, stubs, batch: through the command line, as `make grade` runs it
+# ---------------------------------------------------------------------------
+
+def run_cli(*args, timeout=420):
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "grading", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout, time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_solutions_score_full_marks(tmp_path):
+    out, secs = run_cli("--impl", "solutions", "--hidden", str(FIX / "hidden"), "--out", str(tmp_path),
+                        "--cache", str(tmp_path / "cache"), "--jobs", "2", "--quiet")
+    print(out, f"\n{secs:.0f} s")
+    res = json.loads((tmp_path / "results.json").read_text())
+    steps = res["extra_data"]["steps"]
+    graded = [n for n in released_steps() if not step_needs_gpu(n) or torch.cuda.is_available()]
+    assert graded, "no step to grade"
+    for n in graded:
+        st = steps[STEPS[n][0]]
+        assert st["status"] == "passed" and st["points"] == st["max"] > 0, f"step {n:02d}: {st}\n{out}"
+    assert res["score"] == pytest.approx(res["extra_data"]["max_points"])
+    # Gradescope's format: every test has a name, a score out of max_score, an output and a visibility.
+    for t in res["tests"]:
+        assert {"name", "score", "max_score", "output", "visibility"} <= set(t), t
+        assert t["visibility"] in ("visible", "hidden", "after_due_date", "after_published")
+    hidden = [t for t in res["tests"] if "hidden" in t["tags"]]
+    assert hidden and all(t["visibility"] == "after_due_date" and t["score"] == t["max_score"] for t in hidden)
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    assert root.tag == "testsuites" and int(root.get("failures")) == 0 and int(root.get("errors")) == 0
+    assert int(root.get("tests")) > 100
+
+
+@pytest.mark.slow
+def test_stubs_score_zero_not_implemented(tmp_path):
+    out, _ = run_cli("--impl", "steps", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"), "--quiet")
+    res = json.loads((tmp_path / "results.json").read_text())
+    for n in released_steps():
+        if not (REPO / "steps" / f"{STEPS[n][0]}.py").exists():
+            continue
+        st = res["extra_data"]["steps"][STEPS[n][0]]
+        if step_needs_gpu(n) and not torch.cuda.is_available():
+            assert st["status"] == "needs a GPU" and st["max"] == 0
+            continue
+        assert st["status"] == "not implemented" and st["points"] == 0 and st["max"] > 0, f"step {n:02d}: {st}\n{out}"
+    assert "not implemented: Step 01:" in out
+
+
+@pytest.mark.slow
+def test_batch_grades_everyone_despite_broken_submissions(tmp_path):
+    subs = tmp_path / "class"
+    (subs / "good").mkdir(parents=True)
+    shutil.copyfile(REPO / "solutions" / "step01_naive.py", subs / "good" / "step01_naive.py")
+    shutil.copytree(FIX / "hostile" / "os_exit", subs / "crashes")
+    shutil.copytree(FIX / "hostile" / "syntax_error", subs / "broken")
+    (subs / "nested" / "steps").mkdir(parents=True)           # a zip of the whole repo: steps/ inside
+    shutil.copyfile(REPO / "solutions" / "step01_naive.py", subs / "nested" / "steps" / "step01_naive.py")
+    proc = subprocess.run([sys.executable, "-m", "grading", "batch", str(subs), "-j", "2", "--step", "1",
+                           "--config", str(TEST_CONFIG), "--out", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "100%" in proc.stderr                                   # the progress bar ran to the end
+    rows = {r["submission"]: r for r in csv.DictReader(open(tmp_path / "out" / "gradebook.csv"))}
+    assert set(rows) == {"good", "crashes", "broken", "nested"}
+    assert float(rows["good"]["total"]) == 10.0 and rows["good"]["step01_status"] == "passed"
+    assert float(rows["nested"]["total"]) == 10.0
+    assert float(rows["crashes"]["total"]) == 0.0 and rows["crashes"]["step01_status"] == "crashed"
+    assert rows["broken"]["step01_status"] == "import error" and "SyntaxError" in rows["broken"]["first_failure"]
+    assert (tmp_path / "out" / "good" / "results.json").exists()
+
+
+# ---------------------------------------------------------------------------
+# The sandbox's defences, one by one
+# ---------------------------------------------------------------------------
+
+class _MyTensor(torch.Tensor):
+    pass
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {SENTINEL}",))
+
+
+def test_load_record_accepts_plain_tensors_only(tmp_path):
+    ok = tmp_path / "ok.pt"
+    torch.save({"tensors": {"o": torch.ones(2)}, "meta": {"x": [1, 2.0, "s", None, True]}}, ok)
+    assert sandbox.load_record(ok)["tensors"]["o"].sum() == 2
+    SENTINEL.unlink(missing_ok=True)
+    bad = {
+        "pickle": lambda p: p.write_bytes(pickle.dumps({"tensors": {"o": _Evil()}})),
+        "parameter": lambda p: torch.save({"o": torch.nn.Parameter(torch.ones(1))}, p),
+        "subclass": lambda p: torch.save({"o": torch.ones(1).as_subclass(_MyTensor)}, p),
+        "sparse": lambda p: torch.save({"o": torch.eye(2).to_sparse()}, p),
+        "not a dict": lambda p: torch.save([torch.ones(1)], p),
+        "symlink": lambda p: p.symlink_to(ok),
+        "fifo": lambda p: os.mkfifo(p),
+    }
+    for name, make in bad.items():
+        p = tmp_path / f"{name.replace(' ', '_')}.pt"
+        try:
+            make(p)
+        except (TypeError, AttributeError, RuntimeError):
+            continue                      # this torch cannot even make that object: nothing to reject
+        with pytest.raises(sandbox.Rejected):
+            sandbox.load_record(p)
+    assert not SENTINEL.exists()
+
+
+def test_grader_files_notices_a_change(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    gf = sandbox.GraderFiles([tmp_path / "pkg"])
+    assert gf.changed() == []
+    (tmp_path / "pkg" / "__pycache__" / "a.pyc").write_bytes(b"ignored")
+    assert gf.changed() == []
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    (tmp_path / "pkg" / "b.py").write_text("")
+    assert [Path(p).name for p in gf.changed()] == ["a.py", "b.py"]
+
+
+def test_results_are_written_over_a_planted_link(tmp_path):
+    from grading.report import write_atomic
+    target = tmp_path / "elsewhere.json"
+    target.write_text("keep")
+    (tmp_path / "results.json").symlink_to(target)
+    write_atomic(tmp_path / "results.json", '{"score": 1}')
+    assert target.read_text() == "keep" and not (tmp_path / "results.json").is_symlink()
+
+
+def test_config_errors_are_clear(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[step.1.groups]\nforward = { points = 1, weight = 2 }\n')
+    with pytest.raises(cfg.ConfigError, match="unknown keys.*weight"):
+        cfg.load(p)
+    p.write_text('[step.1.groups]\nforward = { points = 1, cases = ["no-such-case"] }\n')
+    with pytest.raises(cfg.ConfigError, match="unknown case id"):
+        cfg.load(p)
+    real = cfg.load()
+    for n, sc in real.steps.items():
+        assert sum(g.points for g in sc.groups) > 0, f"step {n} pays nothing"
+
+
+# ---------------------------------------------------------------------------
+# Packaging
+# ---------------------------------------------------------------------------
+
+def test_autograder_zip_follows_gradescope(tmp_path):
+    from grading.package import build_autograder
+    z = tmp_path / "autograder.zip"
+    build_autograder(z, hidden=FIX / "hidden")
+    with zipfile.ZipFile(z) as zf:
+        names = zf.namelist()
+        modes = {i.filename: i.external_attr >> 16 for i in zf.infolist()}
+    assert "setup.sh" in names and "run_autograder" in names            # at the root of the archive
+    assert modes["run_autograder"] & 0o111 and modes["setup.sh"] & 0o111
+    assert "hidden/hidden.toml" in names and "grading/config.toml" in names and "steps/step01_naive.py" in names
+    assert not any(n.startswith(("solutions/", "tests/")) for n in names)
+    for script in ("setup.sh", "run_autograder"):
+        subprocess.run(["bash", "-n", str(REPO / "grading" / "gradescope" / script)], check=True)
+
+
+@pytest.mark.slow
+def test_student_release(tmp_path):
+    from attnlib import stubgen
+    from grading.package import _student_notebook, build_release
+    rep = build_release(tmp_path / "release", force=True)
+    rel = tmp_path / "release"
+    assert not (rel / "solutions").exists() and not (rel / "tests" / "grading_fixtures").exists()
+    assert not list(rel.rglob("hidden.toml")) and not (rel / "tests" / "test_grading.py").exists()
+    assert stubgen.drift(REPO / "solutions", rel / "steps") == []
+    assert "--impl solutions" not in (rel / "Makefile").read_text()
+    assert rep["copied"] > 20
+    # A notebook left pointing at the solutions, with outputs, comes out pointing at steps/, clean.
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "execution_count": 3, "metadata": {},
+                                         "outputs": [{"output_type": "stream", "name": "stdout", "text": "x"}],
+                                         "source": ['IMPL = os.environ.get("ATTN_IMPL", "solutions")\n']}],
+                              "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert _student_notebook(nb)
+    cell = json.loads(nb.read_text())["cells"][0]
+    assert '"steps")' in "".join(cell["source"]) and cell["outputs"] == [] and cell["execution_count"] is None
