@@ -1,0 +1,332 @@
+"""Step 05 -- FlashAttention-2's forward pass as one Triton kernel.
+
+Step 04 wrote the algorithm with PyTorch tensors; every tile operation there
+was a separate kernel launch that wrote its result to memory. Here one Triton
+program does the whole loop for one tile of queries: the Q tile is loaded once
+and stays in registers, K and V tiles stream past it, the running max ``m``,
+running sum ``l`` and output accumulator stay on chip in fp32, and only O and
+the LSE are written at the end. Memory traffic per program is one pass over
+K and V, and no ``Nq x Nk`` tensor exists anywhere, not even on chip.
+
+    grid = (cdiv(Nq, BLOCK_M), B * H)       program (i, bh): query rows i*BLOCK_M ...
+    for each key tile j (skipping those above the diagonal when causal):
+        S   = Q_i K_j^T * scale * log2(e)   (BLOCK_M, BLOCK_N), base-2 units
+        m'  = max(m, rowmax(S));  P = 2^(S - m');  alpha = 2^(m - m')
+        l   = alpha * l + rowsum(P);  acc = alpha * acc + P V_j;  m = m'
+    O_i = acc / l;  LSE_i = (m + log2 l) * ln 2  (natural log, as the contract says)
+
+Why base 2: ``exp(x) = 2^(x * log2 e)``. Folding ``log2 e`` into the softmax
+scale costs nothing (one multiply that was there anyway), and ``exp2`` is the
+GPU's native special-function instruction (``MUFU.EX2``); ``exp`` is ``exp2``
+plus a multiply. The max and the sum are the same in either base, so only the
+stored LSE is converted back to natural log.
+
+Layout of this file: the tile helpers (``load_tile``, ``store_tile``), the inner
+loop (``_fwd_inner``), the kernel (``_attn_fwd_kernel``), the tile table
+(``fwd_config``), the launcher (``forward``), the autograd Function whose
+backward is step 04's PyTorch one, and the public ``attention``.
+
+Coverage: any Nq, Nk >= 1 (the last tiles are masked), head dims 1..256 (padded
+to the next power of two >= 16 with masked loads: 80 and 96 run as 128), fp32
+(dots in true fp32, ``input_precision="ieee"``), fp16 and bf16, any strides
+(the kernel takes every stride; more than two leading dims are merged into one
+when their strides allow it and copied once otherwise). On a CPU it runs in
+Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported),
+where bf16 dots are wrong: use fp32 or fp16 there.
+"""
+
+import math
+import re
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlib import check_inputs
+
+from .step04_flash_torch import BLOCK_K, BLOCK_Q, backward_strips
+
+LOG2E = 1.4426950408889634                    # log2(e): exp(x) = exp2(x * LOG2E)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)   # ln(2): log(x) = log2(x) * LN2
+
+
+# %% Tile helpers -----------------------------------------------------------------
+
+@triton.jit
+def load_tile(base, rows, cols, stride_row, stride_col, n_rows, n_cols,
+              CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Load ``base[rows, cols]`` as a (len(rows), len(cols)) tile; elements out of range read 0.
+
+    base: pointer to element (0, 0) of one (batch, head) matrix; rows, cols: 1-D index ranges;
+    CHECK_ROWS / CHECK_COLS: whether rows >= n_rows / cols >= n_cols can occur (a compile-time
+    promise: a tile known to be in range is loaded with no mask, which is faster).
+    """
+    # >>> STUDENT: pointers = base + rows[:, None] * stride_row + cols[None, :] * stride_col; mask rows < n_rows only if CHECK_ROWS and cols < n_cols only if CHECK_COLS; tl.load(..., mask=..., other=0.0)
+    ptrs = base + rows[:, None] * stride_row + cols[None, :] * stride_col
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            x = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+    elif CHECK_COLS:
+        x = tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    # <<< STUDENT
+    return x
+
+
+@triton.jit
+def store_tile(base, x, rows, cols, stride_row, stride_col, n_rows, n_cols):
+    """Store the tile ``x`` at ``base[rows, cols]``, only where rows < n_rows and cols < n_cols."""
+    # >>> STUDENT: same pointers as load_tile; tl.store(ptrs, x converted to base's element type with .to(base.dtype.element_ty), mask=rows and cols in range)
+    ptrs = base + rows[:, None] * stride_row + cols[None, :] * stride_col
+    tl.store(ptrs, x.to(base.dtype.element_ty), mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    # <<< STUDENT
+
+
+# %% The kernel ------------------------------------------------------------------
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q,            # running state (fp32) and the Q tile
+               K, V,                         # pointers to this (batch, head)'s K and V
+               stride_kn, stride_kd, stride_vn, stride_vd,
+               offs_m, offs_d,               # query row indices (BLOCK_M,), head-dim indices (BLOCK_D,)
+               lo, hi, N_K,                  # key range [lo, hi) of this stage; key length
+               qk_scale,                     # softmax scale * log2(e)
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+               MASKED: tl.constexpr,         # this stage holds diagonal / last tiles: mask scores
+               IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One stage of the loop over key tiles: returns the updated (acc, l_i, m_i)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        # >>> STUDENT: load the K tile and the V tile (BLOCK_N, BLOCK_D) with load_tile; only a MASKED stage can run past N_K, and columns need a check only when PAD_D
+        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, MASKED, PAD_D)
+        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, MASKED, PAD_D)
+        # <<< STUDENT
+        # >>> STUDENT: scores s = q @ k^T (tl.dot(..., input_precision=DOT_PRECISION)) times qk_scale; in a MASKED stage set s to -inf where the key is >= N_K or, if IS_CAUSAL, where key > query
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale    # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            visible = offs_n[None, :] < N_K
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+        # <<< STUDENT
+        # >>> STUDENT: online softmax in base 2: m_new = max(m_i, rowmax s); p = exp2(s - m_new); alpha = exp2(m_i - m_new); l_i = alpha*l_i + rowsum p; acc = alpha*acc + p @ v (p cast to v's dtype); m_i = m_new
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+        # <<< STUDENT
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE,                                       # inputs (B, H, N, D); O like Q; LSE (B*H, Nq) fp32
+    stride_qb, stride_qh, stride_qm, stride_qd,            # strides of Q, in elements
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, N_Q, N_K,                                           # heads, query and key lengths
+    qk_scale,                                              # softmax scale * log2(e)
+    HEAD_DIM: tl.constexpr,                                # the true head dim D
+    BLOCK_M: tl.constexpr,                                 # query rows per program
+    BLOCK_N: tl.constexpr,                                 # key rows per loop step
+    BLOCK_D: tl.constexpr,                                 # head dim padded to a power of two >= 16
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,                           # "ieee" for fp32 inputs (true fp32 dots)
+):
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        # Heaviest tiles (the last rows see the most keys) first: a shorter tail at the end.
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    # 64-bit offsets to this (batch, head): B*H*N*D can pass 2**31 elements.
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    O += b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    LSE += bh.to(tl.int64) * N_Q
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    # The Q tile: loaded once, on chip for the whole loop. Rows past N_Q read as 0.
+    q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)   # running max of each row (base 2)
+    l_i = tl.zeros([BLOCK_M], tl.float32)                  # running sum of 2^(s - m)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)         # running sum of P V
+
+    # >>> STUDENT: split the keys into [0, hi_full): tiles no row of this query tile needs masked (when causal: keys < start_m, whole tiles, and below N_K), and [hi_full, hi): masked tiles (diagonal, last partial); hi = N_K, or min(start_m + BLOCK_M, N_K) when causal
+    if IS_CAUSAL:
+        hi_full = (tl.minimum(start_m, N_K) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        hi_full = (N_K // BLOCK_N) * BLOCK_N
+        hi = N_K
+    # <<< STUDENT
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                               offs_m, offs_d, 0, hi_full, N_K, qk_scale,
+                               HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                               offs_m, offs_d, hi_full, hi, N_K, qk_scale,
+                               HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
+
+    # >>> STUDENT: epilogue: O = acc / l_i; LSE = (m_i + log2(l_i)) * LN2 (natural log); store O with store_tile and LSE with tl.store, both only for rows < N_Q
+    o = acc * (1.0 / l_i)[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2
+    store_tile(O, o, offs_m, offs_d, stride_om, stride_od, N_Q, HEAD_DIM)
+    tl.store(LSE + offs_m, lse, mask=offs_m < N_Q)
+    # <<< STUDENT
+
+
+# %% Tile sizes -------------------------------------------------------------------
+#
+# A tuned table, not @triton.autotune. Autotuning compiles and times every
+# candidate the first time it sees a new key (a few seconds per shape on a GPU,
+# meaningless in the interpreter) and keeps its choice in memory only. Instead,
+# `python bench/triton_gpu.py --tune` sweeps the candidates on an H200 once
+# (results/h200/triton_gpu_tuning.json, plotted in notebook 05) and the winners
+# are written down here, with the reasons they win:
+#   * The fp32 accumulator, BLOCK_M x BLOCK_D, lives in registers. 128 x 128 over
+#     4 warps is 128 registers a thread before anything else: D=128 needs 8 warps.
+#   * The S tile, BLOCK_M x BLOCK_N fp32, lives in registers too: BLOCK_N = 64 is
+#     the sweet spot; 128 was 4-28% slower (more registers, fewer programs per SM).
+#   * num_stages: K/V tiles in flight (cp.async pipelining). 3 hides the memory
+#     latency; 2 was 16-27% slower, 4 no better.
+#   * 128 x 64 tiles on 8 warps (two warpgroups of 64 query rows) beat 4 warps by
+#     8-11% at D=64 as well, most likely because one warpgroup's exp2 work overlaps
+#     the other's matrix products (the special-function unit and the tensor cores
+#     run side by side).
+#   * Few programs (short sequences, small batch): 64-row tiles give more of them
+#     to fill the 132 SMs.
+# Measured on an H200: 1.04-1.48x SDPA-FLASH forward over FlashAttention's grid.
+
+def _pow2_dim(d):
+    return max(16, triton.next_power_of_2(d))
+
+
+def fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
+    """Tile sizes and launch options for the forward kernel: a dict of BLOCK_M, BLOCK_N, num_warps, num_stages."""
+    bd = _pow2_dim(d)
+    if device_type != "cuda":
+        # The interpreter: small tiles so small tests still cross several tiles.
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    if dtype == torch.float32:
+        # True-fp32 dots run on the CUDA cores (FMA) with both operands in registers:
+        # small tiles, or the compiler spills (and takes minutes to compile D=256).
+        t = 32 if bd <= 64 else 16
+        return dict(BLOCK_M=t, BLOCK_N=t, num_warps=4 if bd <= 128 else 8, num_stages=2)
+    if bd <= 64:
+        cfg = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    elif bd <= 128:
+        # Causal: 64-row tiles were 1-7% faster (less work wasted on the diagonal, more programs).
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3) if is_causal else \
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    else:
+        cfg = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    # Too few programs to fill the GPU: halve the query tile.
+    if cfg["BLOCK_M"] == 128 and triton.cdiv(nq, 128) * bh < 132:
+        cfg = dict(cfg, BLOCK_M=64, num_warps=4)
+    return cfg
+
+
+# %% Launcher --------------------------------------------------------------------
+
+def as_bhnd(t):
+    """View ``(..., N, D)`` as ``(B, H, N, D)`` without copying when the strides allow it."""
+    lead = t.shape[:-2]
+    if len(lead) == 0:
+        return t[None, None]
+    if len(lead) == 1:
+        return t[None]
+    if len(lead) == 2:
+        return t
+    try:
+        return t.view(-1, *t.shape[-3:])          # merge the leading dims: free if their strides nest
+    except RuntimeError:
+        return t.reshape(-1, *t.shape[-3:])       # they don't: one copy
+
+
+def _dot_precision(dtype):
+    return "ieee" if dtype == torch.float32 else "tf32"    # the latter is ignored for 16-bit inputs
+
+
+def raise_if_unwritten(err):
+    """A stub's NotImplementedError reaches us wrapped (interpreter) or as a compile error (GPU): unwrap it."""
+    e = err
+    while e is not None:
+        if isinstance(e, NotImplementedError):
+            raise NotImplementedError(str(e)) from None
+        e = e.__cause__ or e.__context__
+    m = re.search(r"NotImplementedError\(['\"](Step \d\d:[^'\"]*)", str(err))
+    if m:
+        raise NotImplementedError(m.group(1)) from None
+
+
+def forward(q, k, v, is_causal, scale, config=None):
+    """Run the kernel: ``(O, LSE)`` with O shaped like q and LSE ``(..., Nq)`` float32.
+
+    ``scale`` must already be resolved (a float). ``config`` overrides ``fwd_config``.
+    """
+    q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
+    B, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    o = torch.empty((B, H, nq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, nq), dtype=torch.float32, device=q.device)
+    cfg = dict(config or fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H))
+    grid = (triton.cdiv(nq, cfg["BLOCK_M"]), B * H)
+    try:
+        _attn_fwd_kernel[grid](
+            q4, k4, v4, o, lse,
+            *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(),
+            H, nq, nk, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=_pow2_dim(d), IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q.dtype),
+            **cfg)
+    except Exception as err:
+        raise_if_unwritten(err)
+        raise
+    return o.view(q.shape), lse.view(q.shape[:-1])
+
+
+# %% autograd and the public API ---------------------------------------------------
+
+class FlashAttentionTritonFwd(torch.autograd.Function):
+    """Forward: the Triton kernel above. Backward: step 04's PyTorch FlashAttention-2 backward.
+
+    Saves q, k, v, O and exactly one LSE tensor, float32 ``(..., Nq)``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale):
+        o, lse = forward(q, k, v, is_causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward_strips(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, BLOCK_Q, BLOCK_K)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def attention(q, k, v, is_causal=False, scale=None):
+    """The course contract (attnlib/contract.py) through the Triton forward kernel."""
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 attention")
+    return FlashAttentionTritonFwd.apply(q, k, v, is_causal, scale)
+
+
+def attention_with_lse(q, k, v, is_causal=False, scale=None):
+    """``(O, LSE)``: the forward kernel's two outputs, with no autograd."""
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 attention_with_lse")
+    return forward(q, k, v, is_causal, scale)

@@ -1,0 +1,404 @@
+"""Step 06 -- FlashAttention-2's backward pass as Triton kernels.
+
+The forward (step 05) kept only O and the log-sum-exp L. The backward
+recomputes the probabilities tile by tile from them, never storing P:
+
+    P  = exp(S - L)          S = Q K^T * scale, recomputed
+    dV = P^T dO              dP = dO V^T
+    dS = P * (dP - D)        D = rowsum(dO * O)    (= rowsum(P * dP), cheaper)
+    dQ = scale * dS K        dK = scale * dS^T Q
+
+Three launches:
+
+1. ``_bwd_preprocess``: D for every query row, one pass over O and dO.
+2. ``_bwd_dkdv_kernel``: one program per key tile. It holds K_j and V_j on chip,
+   loops over the query tiles that see them, and accumulates dK_j and dV_j in
+   fp32 registers: they are finished when the loop ends, written once, no race.
+3. dQ needs a sum over key tiles, but each key tile belongs to another program.
+   Two ways, both here (``dq_mode``):
+   * ``"separate"`` (default): ``_bwd_dq_kernel``, one program per query tile,
+     loops over key tiles like the forward. Recomputes S and dP a second time:
+     7 tile matrix products per (query tile, key tile) pair instead of 5, about
+     40% more arithmetic, but every dQ element is written once, by one program:
+     deterministic, no atomics.
+   * ``"atomic"``: ``_bwd_dkdv_kernel`` also computes ``dS K_j`` for each query
+     tile and adds it into an fp32 dQ buffer with ``tl.atomic_add``. No
+     recomputation, but (a) programs of the same head add into the same rows at
+     the same time and wait on each other in L2 (contention), (b) fp32 addition
+     in whatever order the programs arrive is not associative: the result can
+     differ in the last bits from run to run (not deterministic), (c) an extra
+     fp32 buffer and a conversion at the end. FlashAttention-2's CUDA code does
+     this. Which is faster depends on the shape: ``bwd_config`` picks per shape
+     from H200 measurements (results/h200/).
+
+Causal: as in the forward, query tiles that see none of a key tile are skipped
+(they come before the diagonal), tiles crossing the diagonal and the last
+partial tiles are masked, all others run with no mask at all.
+
+Coverage as step 05: any Nq, Nk, head dims 1..256, fp32 / fp16 / bf16, any
+strides (dO too). ``FlashAttentionTriton`` is the complete autograd Function:
+step 05's forward kernel, these backward kernels.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from attnlib import check_inputs
+
+from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, load_tile, raise_if_unwritten
+from .step05_triton_fwd import forward as triton_forward
+
+LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
+
+
+# %% 1. D = rowsum(dO * O) -------------------------------------------------------
+
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA,                       # O, dO (B, H, Nq, D); DELTA (B*H, Nq) fp32
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    H, N_Q,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    O += b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DELTA += bh.to(tl.int64) * N_Q
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_tile(O, offs_m, offs_d, stride_om, stride_od, N_Q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, BLOCK_D != HEAD_DIM)
+    # >>> STUDENT: D = rowsum(o * do) computed in fp32 (convert both first); store it at DELTA + offs_m for rows < N_Q
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + offs_m, delta, mask=offs_m < N_Q)
+    # <<< STUDENT
+
+
+# %% 2. dK, dV (and dQ by atomics) -------------------------------------------------
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BLOCK_N, BLOCK_D); the K, V tiles
+                Q, DO, LSE, DELTA, DQ,                   # this (batch, head)'s pointers; DQ: fp32 buffer (atomic)
+                stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
+                offs_n, offs_d,                          # key rows of this program, head-dim indices
+                lo, hi, N_Q, N_K, qk_scale,              # query range [lo, hi) of this stage
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr,
+                MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, MASKED, PAD_D)
+        do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, MASKED, PAD_D)
+        if MASKED:
+            lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+            delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
+            lse2 = tl.load(LSE + offs_m) * LOG2E_C
+            delta = tl.load(DELTA + offs_m)
+        # >>> STUDENT: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
+        sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        pT = tl.math.exp2(sT - lse2[None, :])
+        if MASKED:
+            visible = offs_m[None, :] < N_Q
+            if IS_CAUSAL:
+                visible = visible & (offs_n[:, None] <= offs_m[None, :])
+            pT = tl.where(visible, pT, 0.0)
+        # <<< STUDENT
+        if ATOMIC_DQ:
+            # Keys past N_K were loaded as 0; drop them so no inf * 0 reaches dQ.
+            pT = tl.where(offs_n[:, None] < N_K, pT, 0.0)
+        # >>> STUDENT: dv += pT @ do (pT cast to do's dtype); dpT = v @ do^T; dsT = pT * (dpT - delta[None, :]); dk += dsT @ q (dsT cast to q's dtype); the scale is applied once, after the loop
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        # <<< STUDENT
+        if ATOMIC_DQ:
+            # This key tile's share of dQ for these query rows (unscaled: the launcher scales it).
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION)   # (BLOCK_M, BLOCK_D)
+            dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+            tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,                  # LSE, DELTA: (B*H, Nq) fp32; DQ: fp32 buffer or unused
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,       # dK and dV share one layout (both made here)
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, scale, qk_scale,                         # softmax scale, and scale * log2(e)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,                                # query rows per loop step
+    BLOCK_N: tl.constexpr,                                # key rows per program
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_n = tl.program_id(0)          # causal: key tile 0 is seen by the most queries and starts first
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DK += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DV += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    # K_j and V_j: loaded once, on chip for the whole loop over query tiles.
+    k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
+    v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    # >>> STUDENT: the query ranges: masked [lo, diag_end) (causal: lo = first query tile with a row >= start_n, diag_end = first tile start >= start_n + BLOCK_N - 1; not causal: both 0), unmasked [diag_end, q_full) with q_full = whole tiles below N_Q, masked tail [max(diag_end, q_full), N_Q)
+    q_full = (N_Q // BLOCK_M) * BLOCK_M
+    if IS_CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, N_Q)
+    else:
+        lo = 0
+        diag_end = 0
+    tail = tl.maximum(diag_end, q_full)
+    # <<< STUDENT
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
+                         stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
+                         offs_n, offs_d, lo, diag_end, N_Q, N_K, qk_scale,
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
+                         stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
+                         offs_n, offs_d, diag_end, q_full, N_Q, N_K, qk_scale,
+                         HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+    dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
+                         stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
+                         offs_n, offs_d, tail, N_Q, N_Q, N_K, qk_scale,
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+    dk_ptrs = DK + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    dv_ptrs = DV + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    in_range = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=in_range)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_range)
+
+
+# %% 3. dQ, second pass --------------------------------------------------------------
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta,                    # fp32 accumulator (BLOCK_M, BLOCK_D); this tile's data
+              K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+              offs_m, offs_d, lo, hi, N_K, qk_scale,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+              MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, MASKED, PAD_D)
+        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, MASKED, PAD_D)
+        # >>> STUDENT: recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T; ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASKED:
+            visible = offs_n[None, :] < N_K
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+        # <<< STUDENT
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m          # heaviest query tiles first, as in the forward
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+    do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
+    lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+    delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # The same key ranges as the forward.
+    if IS_CAUSAL:
+        hi_full = (tl.minimum(start_m, N_K) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        hi_full = (N_K // BLOCK_N) * BLOCK_N
+        hi = N_K
+    dq = _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                   offs_m, offs_d, 0, hi_full, N_K, qk_scale,
+                   HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
+    dq = _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                   offs_m, offs_d, hi_full, hi, N_K, qk_scale,
+                   HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
+    dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty),
+             mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
+
+
+# %% Tile sizes --------------------------------------------------------------------
+#
+# Picked on an H200 by `bench/triton_gpu.py --tune` and `--sweep-leaderboard`
+# (results/h200/): see step 05 for why a table. What the sweep showed:
+#   * dK/dV: the program holds K_j, V_j and two fp32 accumulators of BLOCK_N x D;
+#     128 keys x 64 dims over 4 warps is already 128 registers a thread, so the
+#     query step is small (32 rows) or the warps double (D=128: 64 x 128 on 8 warps).
+#   * dQ: the forward's shape (a query tile, key tiles streaming) with a third
+#     matrix product; 128 x 64 on 8 warps at D=64, 64 x 32 on 4 warps at D=128.
+#   * The table is flat near the top: on the leaderboard shape eight dK/dV and six
+#     dQ candidates lie within 3% of the best, so there are no per-length entries.
+#   * dq_mode: "atomic" was at most 3% faster (D=128, causal, N >= 8k) and up to 17%
+#     slower (short sequences): every key tile adds a BLOCK_M x D fp32 tile into dQ
+#     through L2, gigabytes of atomic traffic at N=16k. The deterministic second
+#     pass is the default.
+
+def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
+    """Tiles and launch options: dict(dkdv=..., dq=..., pre=..., dq_mode=...)."""
+    bd = _pow2_dim(d)
+    if device_type != "cuda":
+        small = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+        return dict(dkdv=small, dq=small, pre=dict(BLOCK_M=32), dq_mode="separate")
+    if dtype == torch.float32:
+        # FMA dots, operands in registers: small tiles (see step 05's fwd_config).
+        t = 32 if bd <= 32 else 16
+        small = dict(BLOCK_M=t, BLOCK_N=t, num_warps=4 if bd <= 64 else 8, num_stages=2)
+        return dict(dkdv=small, dq=small, pre=dict(BLOCK_M=64), dq_mode="separate")
+    if bd <= 64:
+        dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4) if is_causal else \
+            dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4)
+        dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+    elif bd <= 128:
+        dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
+        dq = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3)
+    else:   # D = 256: the accumulators alone fill the registers; 8 warps share them without spilling
+        dkdv = dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=2)
+        dq = dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
+    return dict(dkdv=dkdv, dq=dq, pre=dict(BLOCK_M=128), dq_mode="separate")
+
+
+# %% Launchers -----------------------------------------------------------------------
+
+def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
+    """``(dQ, dK, dV)`` from the saved forward tensors and the upstream gradient ``do``."""
+    q4, k4, v4, o4, do4 = (as_bhnd(t) for t in (q, k, v, o, do))
+    B, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    bd = _pow2_dim(d)
+    cfg = config or bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
+    dq_mode = dq_mode or cfg["dq_mode"]
+    if dq_mode not in ("separate", "atomic"):
+        raise ValueError(f"dq_mode must be 'separate' or 'atomic', got {dq_mode!r}")
+    prec = _dot_precision(q.dtype)
+    lse = lse.reshape(B * H, nq)
+    delta = torch.empty((B * H, nq), dtype=torch.float32, device=q.device)
+    dk = torch.empty((B, H, nk, d), dtype=k.dtype, device=q.device)
+    dv = torch.empty((B, H, nk, d), dtype=v.dtype, device=q.device)
+    if dq_mode == "atomic":
+        dq = torch.zeros((B, H, nq, d), dtype=torch.float32, device=q.device)
+    else:
+        dq = torch.empty((B, H, nq, d), dtype=q.dtype, device=q.device)
+    try:
+        bm = cfg["pre"]["BLOCK_M"]
+        _bwd_preprocess[(triton.cdiv(nq, bm), B * H)](
+            o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
+            HEAD_DIM=d, BLOCK_M=bm, BLOCK_D=bd)
+        c = cfg["dkdv"]
+        _bwd_dkdv_kernel[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
+            q4, k4, v4, do4, lse, delta, dk, dv, dq,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dq.stride(),
+            H, nq, nk, scale, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
+            DOT_PRECISION=prec, **c)
+        if dq_mode == "separate":
+            c = cfg["dq"]
+            _bwd_dq_kernel[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
+                q4, k4, v4, do4, lse, delta, dq,
+                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
+                H, nq, nk, scale, scale * LOG2E,
+                HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **c)
+    except Exception as err:
+        raise_if_unwritten(err)
+        raise
+    if dq_mode == "atomic":
+        dq = (dq * scale).to(q.dtype)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+# %% autograd and the public API -----------------------------------------------------
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """Forward: step 05's kernel. Backward: the kernels above.
+
+    ``apply(q, k, v, is_causal, scale, dq_mode)``; saves q, k, v, O and exactly one
+    LSE tensor (float32, ``(..., Nq)``).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal, scale, dq_mode=None):
+        # >>> STUDENT: o, lse = step 05's forward (imported here as triton_forward); save q, k, v, o, lse for the backward (ctx.save_for_backward) and is_causal, scale, dq_mode on ctx; return o
+        o, lse = triton_forward(q, k, v, is_causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.is_causal, ctx.scale, ctx.dq_mode = is_causal, scale, dq_mode
+        return o
+        # <<< STUDENT
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, dq_mode=ctx.dq_mode)
+        return dq, dk, dv, None, None, None
+
+
+def attention(q, k, v, is_causal=False, scale=None, dq_mode=None):
+    """The course contract, forward and backward in Triton.
+
+    ``dq_mode``: None (the tuned choice), "separate" (a second pass, deterministic)
+    or "atomic" (fp32 atomic adds).
+    """
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step06 attention")
+    return FlashAttentionTriton.apply(q, k, v, is_causal, scale, dq_mode)
+
+
+def attention_with_lse(q, k, v, is_causal=False, scale=None):
+    """``(O, LSE)`` from step 05's forward kernel, with no autograd."""
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step06 attention_with_lse")
+    return triton_forward(q, k, v, is_causal, scale)

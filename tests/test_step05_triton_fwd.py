@@ -1,0 +1,193 @@
+"""Step 05: the Triton forward kernel, O and LSE against the float64 reference.
+
+Without a GPU the kernel runs in Triton's interpreter (set below, before triton is
+imported), in fp32 and fp16 at small sizes. bf16 runs on a GPU only: the
+interpreter's bf16 ``tl.dot`` gives wrong results.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # conftest does the same; kept so this file runs alone
+
+import pytest  # noqa: E402
+
+from attnlib import make_qkv, reference_attention  # noqa: E402
+from attnlib.cases import Case  # noqa: E402
+from attnlib.checks import check_attention, check_lse  # noqa: E402
+from attnlib.compare import assert_close  # noqa: E402
+
+pytestmark = [pytest.mark.step05,
+              pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]  # interpreter
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+BF16_SKIP = "bf16 needs a GPU: the Triton interpreter's bf16 tl.dot is wrong"
+DTYPES = [torch.float32, torch.float16]           # bf16: the gpu-marked tests
+
+# N = 1, 17, 100 (not multiples of any tile), Nq != Nk both ways, D from 16 to 128 with 80.
+CASES = [
+    Case((2, 3), 1, 1, 16),
+    Case((1, 2), 17, 17, 32),
+    Case((2, 1), 100, 100, 64),
+    Case((1, 2), 17, 40, 32),        # Nq < Nk
+    Case((1, 2), 100, 33, 32),       # Nq > Nk
+    Case((3,), 65, 65, 80),          # rank 3, D not a power of two
+    Case((1, 1), 40, 40, 128),
+]
+ids = lambda x: x.id if isinstance(x, Case) else str(x).replace("torch.", "")  # noqa: E731
+
+
+def qkv(case, dtype, seed=0):
+    return make_qkv(Nq=case.nq, Nk=case.nk, D=case.d, batch_shape=case.batch, dtype=dtype, device=DEVICE,
+                    seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_output_and_lse(load, case, dtype, is_causal):
+    step = load(5)
+    q, k, v = qkv(case, dtype)
+    o, lse = step.attention_with_lse(q, k, v, is_causal=is_causal)
+    assert o.shape == q.shape and o.dtype == q.dtype, f"O must be {tuple(q.shape)} {q.dtype}, got {o.shape} {o.dtype}"
+    assert lse.shape == q.shape[:-1], f"the LSE must be shaped (..., Nq) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}"
+    # O first: its diagnosis is the richer one (a fully masked row is NaN in O, as in the candidates).
+    check_attention(lambda *a, **kw: step.attention_with_lse(*a, **kw)[0], q, k, v, is_causal=is_causal, grads=False)
+    check_lse(lse, q, k, v, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_gradients_through_step04(load, is_causal):
+    """Step 05's Function trains end to end: its backward is step 04's."""
+    step = load(5)
+    for case in (CASES[1], CASES[4], CASES[5]):
+        check_attention(step.attention, *qkv(case, torch.float32), is_causal=is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_explicit_scale(load, is_causal):
+    step = load(5)
+    q, k, v = make_qkv(1, 2, 33, 20, 32, seed=5, device=DEVICE)
+    check_attention(step.attention, q, k, v, is_causal=is_causal, scale=0.3, grads=False)
+
+
+TILES = [dict(BLOCK_M=16, BLOCK_N=32), dict(BLOCK_M=32, BLOCK_N=16), dict(BLOCK_M=64, BLOCK_N=64)]
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t['BLOCK_M']}x{t['BLOCK_N']}")
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_tile_sizes(load, tiles, is_causal):
+    """Any BLOCK_M, BLOCK_N pair: the causal split must not assume BLOCK_M == BLOCK_N."""
+    step = load(5)
+    cfg = dict(tiles, num_warps=4, num_stages=1)
+    for nq, nk in ((100, 100), (50, 75), (75, 50)):
+        q, k, v = make_qkv(1, 2, nq, nk, 32, device=DEVICE, seed=nq + nk)
+
+        def attn(q, k, v, is_causal, scale):
+            s = scale if scale is not None else q.shape[-1] ** -0.5
+            return step.forward(q, k, v, is_causal, s, config=cfg)[0]
+        check_attention(attn, q, k, v, is_causal=is_causal, grads=False, tile=tiles["BLOCK_M"])
+        lse = step.forward(q, k, v, is_causal, q.shape[-1] ** -0.5, config=cfg)[1]
+        check_lse(lse, q, k, v, is_causal=is_causal, tile=tiles["BLOCK_M"])
+
+
+def test_strided_inputs(load):
+    """Non-contiguous q, k, v: a (B, N, H, D) layout seen as (B, H, N, D), a strided head dim,
+    and rank 5 whose leading dims cannot be merged into one view."""
+    step = load(5)
+    g = torch.Generator().manual_seed(3)
+    bnhd = torch.randn(2, 37, 3, 3, 32, generator=g).to(DEVICE)            # (B, N, 3, H, D) packed qkv
+    q, k, v = (bnhd[:, :, i].transpose(1, 2) for i in range(3))           # (B, H, N, D), strided
+    assert not q.is_contiguous()
+    check_attention(step.attention, q, k, v, is_causal=True, grads=False)
+    wide = torch.randn(1, 2, 29, 64, generator=g).to(DEVICE)
+    q2 = wide[..., ::2]                                                   # head-dim stride 2
+    check_attention(step.attention, q2, q2.flip(-2), q2 * 0.5, grads=False)
+    r5 = torch.randn(3, 2, 2, 21, 16, generator=g).to(DEVICE).transpose(0, 1)   # leading dims not mergeable
+    check_attention(step.attention, r5, r5.flip(-2), r5.roll(1, -1), is_causal=True, grads=False)
+
+
+def test_tiles_above_the_diagonal_are_skipped(load):
+    """Causal with Nq < Nk: keys past the last query tile are never visible. Poisoned with NaN,
+    they must not be read: a kernel that loads them and multiplies by p = 0 gets NaN (0 * NaN)."""
+    step = load(5)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    q, k, v = make_qkv(1, 2, 20, 90, 32, device=DEVICE, seed=7)
+    kp, vp = k.clone(), v.clone()
+    kp[..., 32:, :] = float("nan")                   # query tiles of 16 rows end at row 31
+    vp[..., 32:, :] = float("nan")
+    o, lse = step.forward(q, kp, vp, True, 32 ** -0.5, config=cfg)
+    ref_o, ref_lse = reference_attention(q, k, v, True)
+    assert_close(o, ref_o, name="O", context="causal, keys past the diagonal poisoned with NaN")
+    assert_close(lse, ref_lse, name="LSE", dtype=torch.float32, row_dim=-1,
+                 context="causal, keys past the diagonal poisoned with NaN")
+
+
+def test_a_triton_kernel_runs(load, monkeypatch):
+    """The forward really launches the Triton kernel, once, over (query tiles, batch * heads)."""
+    step = load(5)
+    launches = []
+    kernel = step._attn_fwd_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+    monkeypatch.setattr(step, "_attn_fwd_kernel", Counting())
+    q, k, v = make_qkv(2, 3, 50, 50, 32, device=DEVICE)
+    cfg = step.fwd_config(50, 50, 32, q.dtype, False, q.device.type, 6)
+    check_attention(step.attention, q, k, v, grads=False)
+    assert len(launches) == 1, f"expected one launch of _attn_fwd_kernel, got {len(launches)}"
+    assert tuple(launches[0])[:2] == (-(-50 // cfg["BLOCK_M"]), 6), (
+        f"grid {launches[0]}: expected (cdiv(Nq, BLOCK_M), B*H) = ({-(-50 // cfg['BLOCK_M'])}, 6)")
+    assert type(kernel).__module__.startswith("triton."), (
+        f"_attn_fwd_kernel is a {type(kernel).__name__}, not a @triton.jit kernel")
+
+
+def test_saves_exactly_one_lse(load):
+    """The autograd contract: one float32 (..., Nq) tensor saved, and nothing Nq x Nk."""
+    step = load(5)
+    q, k, v = make_qkv(2, 2, 24, 40, 16, device=DEVICE, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = step.attention(q, k, v, is_causal=True)
+    lse_like = [t for t in saved if tuple(t.shape) == tuple(q.shape[:-1])]
+    assert len(lse_like) == 1, (f"save exactly one LSE shaped {tuple(q.shape[:-1])}; saved shapes: "
+                                f"{[tuple(t.shape) for t in saved]}")
+    assert lse_like[0].dtype == torch.float32, f"the LSE must be float32, got {lse_like[0].dtype}"
+    assert not any(t.numel() >= 24 * 40 * 4 and t.shape[-2:] == (24, 40) for t in saved), \
+        "an Nq x Nk tensor was saved: the backward must recompute P from the LSE"
+    assert out.grad_fn is not None and "FlashAttention" in type(out.grad_fn).__name__, (
+        f"the output's grad_fn is {type(out.grad_fn).__name__}: go through the autograd Function")
+
+
+# --- GPU only ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason=BF16_SKIP)
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[5], Case((2, 4), 300, 300, 128)], ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_bf16(load, case, is_causal):
+    step = load(5)
+    q, k, v = qkv(case, torch.bfloat16)
+    o, lse = step.attention_with_lse(q, k, v, is_causal=is_causal)
+    check_lse(lse, q, k, v, is_causal=is_causal)
+    check_attention(step.attention, q, k, v, is_causal=is_causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_compiled_sizes(load, dtype, is_causal):
+    """Sizes the interpreter is too slow for, with the GPU's tile table: many tiles, D up to 256."""
+    step = load(5)
+    for case in (Case((2, 3), 1000, 1000, 64), Case((1, 2), 513, 1100, 96), Case((1, 1), 200, 200, 256)):
+        q, k, v = qkv(case, dtype)
+        o, lse = step.attention_with_lse(q, k, v, is_causal=is_causal)
+        check_lse(lse, q, k, v, is_causal=is_causal)
+        check_attention(lambda *a, **kw: step.attention_with_lse(*a, **kw)[0], q, k, v,
+                        is_causal=is_causal, grads=False)

@@ -1,0 +1,210 @@
+"""Step 06: the Triton backward kernels, dQ, dK, dV against the float64 reference.
+
+Without a GPU the kernels run in Triton's interpreter (fp32 and fp16, small sizes);
+bf16 runs on a GPU only: the interpreter's bf16 ``tl.dot`` gives wrong results.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported; conftest does the same
+
+import pytest  # noqa: E402
+
+from attnlib import make_dout, make_qkv, reference_backward  # noqa: E402
+from attnlib.cases import Case  # noqa: E402
+from attnlib.checks import check_attention  # noqa: E402
+from attnlib.compare import assert_close  # noqa: E402
+
+pytestmark = [pytest.mark.step06,
+              pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]  # interpreter
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+BF16_SKIP = "bf16 needs a GPU: the Triton interpreter's bf16 tl.dot is wrong"
+DTYPES = [torch.float32, torch.float16]
+
+CASES = [
+    Case((2, 3), 1, 1, 16),
+    Case((1, 2), 17, 17, 32),
+    Case((2, 1), 100, 100, 64),
+    Case((1, 2), 17, 40, 32),        # Nq < Nk
+    Case((1, 2), 100, 33, 32),       # Nq > Nk
+    Case((3,), 65, 65, 80),          # rank 3, D not a power of two
+]
+ids = lambda x: x.id if isinstance(x, Case) else str(x).replace("torch.", "")  # noqa: E731
+
+
+def qkv(case, dtype, seed=0):
+    return make_qkv(Nq=case.nq, Nk=case.nk, D=case.d, batch_shape=case.batch, dtype=dtype, device=DEVICE,
+                    seed=seed)
+
+
+def with_mode(step, dq_mode, config=None):
+    def attn(q, k, v, is_causal=False, scale=None):
+        return step.attention(q, k, v, is_causal=is_causal, scale=scale, dq_mode=dq_mode)
+    return attn
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_gradients(load, case, dtype, is_causal):
+    step = load(6)
+    check_attention(step.attention, *qkv(case, dtype), is_causal=is_causal)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[3], CASES[4], CASES[5]], ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_gradients_atomic_dq(load, case, is_causal):
+    """dQ accumulated with atomic adds inside the dK/dV kernel instead of a second pass."""
+    step = load(6)
+    check_attention(with_mode(step, "atomic"), *qkv(case, torch.float32), is_causal=is_causal)
+
+
+TILES = [dict(dkdv=(16, 32), dq=(32, 16)), dict(dkdv=(32, 16), dq=(16, 32)), dict(dkdv=(64, 64), dq=(64, 64))]
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"dkdv{t['dkdv'][0]}x{t['dkdv'][1]}-dq{t['dq'][0]}x{t['dq'][1]}")
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_tile_sizes(load, tiles, dq_mode):
+    """Any (BLOCK_M, BLOCK_N) for either kernel, causal, with Nq and Nk that no tile divides."""
+    step, step5 = load(6), load(5)
+    cfg = dict(pre=dict(BLOCK_M=16), dq_mode=dq_mode,
+               **{kern: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1)
+                  for kern, (bm, bn) in tiles.items()})
+    for nq, nk in ((50, 75), (75, 50)):
+        q, k, v = make_qkv(1, 2, nq, nk, 32, device=DEVICE, seed=nq)
+        dout = make_dout(q)
+        o, lse = step5.forward(q, k, v, True, 32 ** -0.5)
+        grads = step.backward(q, k, v, o, lse, dout, True, 32 ** -0.5, config=cfg)
+        for name, g, ref in zip(("dQ", "dK", "dV"), grads, reference_backward(q, k, v, dout, True)):
+            assert_close(g, ref, name=name, context=f"causal, Nq={nq}, Nk={nk}, tiles {tiles}, {dq_mode}",
+                         row_label="query rows" if name == "dQ" else "key rows")
+
+
+def test_strided_and_expanded_upstream_gradient(load):
+    """dO may come with any strides: transposed, or stride 0 from a sum()."""
+    step = load(6)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = make_qkv(2, 3, 30, 30, 32, device=DEVICE, requires_grad=True)
+    dout_t = torch.randn(2, 30, 3, 32, generator=g).to(DEVICE).transpose(1, 2)   # (B, H, N, D), strided
+    step.attention(q, k, v, is_causal=True).backward(dout_t)
+    for name, t, ref in zip(("dQ", "dK", "dV"), (q, k, v), reference_backward(q, k, v, dout_t, True)):
+        assert_close(t.grad, ref, name=name, context="transposed dO", row_label="query rows" if name == "dQ" else "key rows")
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    step.attention(q2, k2, v2).sum().backward()                                  # dO = ones, stride 0
+    ones = torch.ones(q.shape, device=DEVICE)
+    for name, t, ref in zip(("dQ", "dK", "dV"), (q2, k2, v2), reference_backward(q, k, v, ones, False)):
+        assert_close(t.grad, ref, name=name, context="dO from .sum(): expanded, stride 0",
+                     row_label="query rows" if name == "dQ" else "key rows")
+
+
+def test_strided_inputs(load):
+    step = load(6)
+    g = torch.Generator().manual_seed(3)
+    packed = torch.randn(2, 37, 3, 2, 32, generator=g).to(DEVICE)               # (B, N, 3, H, D)
+    q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+    check_attention(step.attention, q, k, v, is_causal=True)
+
+
+def test_keys_no_query_sees_are_skipped(load):
+    """Causal, Nq < Nk: keys past the last query tile get zero gradient, and poisoned with NaN
+    they must not leak into anything (they are never multiplied into a result)."""
+    step = load(6)
+    q, k, v = make_qkv(1, 2, 20, 90, 32, device=DEVICE, seed=7)
+    kp, vp = k.clone(), v.clone()
+    kp[..., 64:, :] = float("nan")       # past every tile the query rows (at most 64 of them) reach
+    vp[..., 64:, :] = float("nan")
+    kp.requires_grad_(True), vp.requires_grad_(True)
+    qg = q.clone().requires_grad_(True)
+    dout = make_dout(q)
+    step.attention(qg, kp, vp, is_causal=True).backward(dout)
+    ref = reference_backward(q, k, v, dout, True)
+    for name, t, r in zip(("dQ", "dK", "dV"), (qg, kp, vp), ref):
+        assert_close(t.grad, r, name=name, context="causal, keys past the diagonal poisoned with NaN",
+                     row_label="query rows" if name == "dQ" else "key rows")
+
+
+def test_triton_kernels_run(load, monkeypatch):
+    """Forward and backward launch their Triton kernels: forward, D, dK/dV, dQ (or dK/dV alone with atomics)."""
+    step, step5 = load(6), load(5)
+    launches = []
+
+    def count(mod, name):
+        kernel = getattr(mod, name)
+
+        class Counting:
+            def __getitem__(self, grid):
+                launches.append(name)
+                return kernel[grid]
+        monkeypatch.setattr(mod, name, Counting())
+    count(step5, "_attn_fwd_kernel")
+    for name in ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
+        count(step, name)
+    q, k, v = make_qkv(1, 2, 40, 40, 32, device=DEVICE)
+    check_attention(with_mode(step, "separate"), q, k, v, is_causal=True)
+    assert launches == ["_attn_fwd_kernel", "_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel"], launches
+    launches.clear()
+    check_attention(with_mode(step, "atomic"), q, k, v, is_causal=True)
+    assert launches == ["_attn_fwd_kernel", "_bwd_preprocess", "_bwd_dkdv_kernel"], launches
+
+
+def test_saves_exactly_one_lse(load):
+    step = load(6)
+    q, k, v = make_qkv(2, 2, 24, 40, 16, device=DEVICE, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = step.attention(q, k, v, is_causal=True)
+    lse_like = [t for t in saved if tuple(t.shape) == tuple(q.shape[:-1])]
+    assert len(lse_like) == 1, (f"save exactly one LSE shaped {tuple(q.shape[:-1])}; saved shapes: "
+                                f"{[tuple(t.shape) for t in saved]}")
+    assert lse_like[0].dtype == torch.float32, f"the LSE must be float32, got {lse_like[0].dtype}"
+    assert not any(t.shape[-2:] == (24, 40) for t in saved), "an Nq x Nk tensor was saved"
+    assert type(out.grad_fn).__name__.startswith("FlashAttentionTriton"), type(out.grad_fn).__name__
+
+
+def test_bad_dq_mode(load):
+    step = load(6)
+    q, k, v = make_qkv(1, 1, 8, 8, 16, device=DEVICE, requires_grad=True)
+    with pytest.raises(ValueError, match="dq_mode"):
+        step.attention(q, k, v, dq_mode="fast").sum().backward()
+
+
+# --- GPU only ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason=BF16_SKIP)
+@pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[5], Case((2, 4), 300, 300, 128)], ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+def test_bf16(load, case, is_causal, dq_mode):
+    step = load(6)
+    check_attention(with_mode(step, dq_mode), *qkv(case, torch.bfloat16), is_causal=is_causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="compiled kernels need a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_compiled_sizes(load, dtype, is_causal):
+    """Sizes the interpreter is too slow for, with the GPU's tile table: many tiles, D up to 256."""
+    step = load(6)
+    for case in (Case((2, 3), 1000, 1000, 64), Case((1, 2), 513, 1100, 96), Case((1, 1), 200, 200, 256)):
+        check_attention(step.attention, *qkv(case, dtype), is_causal=is_causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="atomics are deterministic in the interpreter, which runs one program at a time")
+def test_separate_dq_is_deterministic(load):
+    """The second-pass dQ is bitwise reproducible; atomic dQ need not be (and is reported)."""
+    step = load(6)
+    q, k, v = make_qkv(4, 8, 1024, 1024, 64, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    dout = make_dout(q)
+    runs = {m: [torch.autograd.grad(step.attention(q, k, v, is_causal=True, dq_mode=m), q, dout)[0]
+                for _ in range(3)] for m in ("separate", "atomic")}
+    assert all(torch.equal(runs["separate"][0], r) for r in runs["separate"][1:]), "separate dQ changed between runs"
+    same = all(torch.equal(runs["atomic"][0], r) for r in runs["atomic"][1:])
+    print(f"atomic dQ bitwise identical over 3 runs: {same}")
