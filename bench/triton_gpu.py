@@ -82,6 +82,17 @@ ATOMIC_CANDIDATES = {
 }
 
 
+# --sweep-leaderboard: the candidates above for D=64 plus these (all compiled for sm_90 first: none spills).
+LEADERBOARD_EXTRA = {
+    "fwd": [(128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 4), (64, 128, 4, 3), (256, 64, 8, 2),
+            (256, 64, 8, 3)],
+    "dkdv": [(32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 4), (64, 64, 4, 4), (16, 128, 4, 4), (32, 256, 8, 3)],
+    "dq": [(128, 64, 8, 4), (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 4), (256, 32, 8, 3),
+           (64, 128, 4, 3)],
+    "atomic": [(64, 128, 8, 4), (32, 256, 8, 3)],
+}
+
+
 def cfg_of(t, keys=("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")):
     return dict(zip(keys, t))
 
@@ -243,6 +254,61 @@ def tune(info):
     return best, rows
 
 
+def sweep_leaderboard(info, workers):
+    """Every candidate on the leaderboard shape itself, each kernel varied with the others at their best."""
+    s5, s6 = steps()
+    B, H, N, D, causal = LEADERBOARD["B"], LEADERBOARD["H"], LEADERBOARD["N"], LEADERBOARD["D"], True
+    cands = {k: list(dict.fromkeys(base[D] + LEADERBOARD_EXTRA[k]))
+             for k, base in (("fwd", FWD_CANDIDATES), ("dkdv", DKDV_CANDIDATES), ("dq", DQ_CANDIDATES),
+                             ("atomic", ATOMIC_CANDIDATES))}
+    d0, q0 = DKDV_CANDIDATES[D][0], DQ_CANDIDATES[D][0]
+    jobs = [(D, causal, "fwd", cfg_of(c)) for c in cands["fwd"]]
+    jobs += [(D, causal, "bwd", bwd_cfg(c, q0, "separate")) for c in cands["dkdv"]]
+    jobs += [(D, causal, "bwd", bwd_cfg(d0, c, "separate")) for c in cands["dq"]]
+    jobs += [(D, causal, "bwd", bwd_cfg(c, q0, "atomic")) for c in cands["atomic"]]
+    if DEVICE == "cuda":
+        precompile(jobs, workers)
+    q, k, v, do = inputs(B, H, N, D)
+    scale = D ** -0.5
+    o, lse = s5.forward(q, k, v, causal, scale)
+    rows, best = [], {}
+
+    def run(kind, c, fn):
+        try:
+            ms = bench_ms(fn)
+        except Exception as e:
+            print(f"  {kind} {c}: {type(e).__name__} {str(e)[:100]}", flush=True)
+            return None
+        rows.append(dict(kind=kind, config=list(c), B=B, H=H, N=N, D=D, causal=causal, ms=ms, machine=info))
+        return ms
+    res = {c: run("fwd", c, lambda c=c: s5.forward(q, k, v, causal, scale, config=cfg_of(c))) for c in cands["fwd"]}
+    best["fwd"] = min((c for c in res if res[c]), key=res.get)
+    res = {c: run("dkdv", c, lambda c=c: s6.backward(q, k, v, o, lse, do, causal, scale,
+                                                     config=bwd_cfg(c, q0, "separate")["config"]))
+           for c in cands["dkdv"]}
+    best["dkdv"] = min((c for c in res if res[c]), key=res.get)
+    res = {c: run("dq", c, lambda c=c: s6.backward(q, k, v, o, lse, do, causal, scale,
+                                                   config=bwd_cfg(best["dkdv"], c, "separate")["config"]))
+           for c in cands["dq"]}
+    best["dq"] = min((c for c in res if res[c]), key=res.get)
+    res = {c: run("atomic", c, lambda c=c: s6.backward(q, k, v, o, lse, do, causal, scale,
+                                                       config=bwd_cfg(c, q0, "atomic")["config"], dq_mode="atomic"))
+           for c in cands["atomic"]}
+    best["atomic"] = min((c for c in res if res[c]), key=res.get)
+    for kind, c in best.items():
+        print(f"leaderboard best {kind}: {c} {min(r['ms'] for r in rows if r['kind'] == kind and tuple(r['config']) == c):.3f} ms", flush=True)
+    # The whole step, forward + backward, with the best of each, through autograd's entry points.
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    for m in ("separate", "atomic"):
+        bc = bwd_cfg(best["dkdv" if m == "separate" else "atomic"], best["dq"], m)["config"]
+        ms = run(f"fwd+bwd {m}", (), triton_fn(qg, kg, vg, causal, "fwd+bwd", do, cfg_of(best["fwd"]), bc, m))
+        print(f"leaderboard fwd+bwd ({m}) with the best tiles: {ms} ms (target {LEADERBOARD_MS})", flush=True)
+    for name in ("sdpa_flash", "sdpa_cudnn"):
+        ms = run(name, (), sdpa_fn(name, qg, kg, vg, causal, "fwd+bwd", do))
+        print(f"leaderboard fwd+bwd {name}: {ms} ms", flush=True)
+    return best, rows
+
+
 # %% Benchmark ------------------------------------------------------------------------------------
 
 def check_against_flash(q, k, v, causal, do, fcfg, bcfg, dq_mode):
@@ -255,11 +321,12 @@ def check_against_flash(q, k, v, causal, do, fcfg, bcfg, dq_mode):
         f = [f] if mode == "fwd" else list(f)
         names = ["O"] if mode == "fwd" else ["dQ", "dK", "dV"]
         for n, a, b in zip(names, t, f):
-            out[n] = float((a.float() - b.float()).abs().max() / b.float().abs().max())
+            a, b = a.detach().float(), b.detach().float()
+            out[n] = float((a - b).abs().max() / b.abs().max())
     return out
 
 
-def run_benchmark(info, best, dq_modes=("separate", "atomic")):
+def run_benchmark(info, best, dq_modes=("separate", "atomic"), save=None):
     rows = []
     shapes = [(TOKENS // N, HIDDEN // D, N, D, c) for D in GRID_D for c in (False, True) for N in GRID_N]
     shapes.append((LEADERBOARD["B"], LEADERBOARD["H"], LEADERBOARD["N"], LEADERBOARD["D"], True))
@@ -268,7 +335,7 @@ def run_benchmark(info, best, dq_modes=("separate", "atomic")):
         pick = best.get((D, causal)) if best else None
         fcfg = cfg_of(pick["fwd"]) if pick else None
         tag = "leaderboard" if (B, H, N, D, causal) == tuple(LEADERBOARD.values()) else "grid"
-        base = dict(dtype=str(DTYPE).replace("torch.", ""), B=B, H=H, N=N, D=D, causal=causal, machine=info, shape_set=tag)
+        base = dict(dtype=str(DTYPE).replace("torch.", ""), B=B, H=H, N=N, D=D, causal=causal, machine=info, suite=tag)
         # Check before timing: the Triton result against SDPA-FLASH on this very input.
         pk = dict(pick or {})
         bcfg_sep = bwd_cfg(pk["dkdv"], pk["dq"], "separate")["config"] if pick else None
@@ -287,7 +354,7 @@ def run_benchmark(info, best, dq_modes=("separate", "atomic")):
                 for m in dq_modes:
                     if pick:
                         key = "dkdv" if m == "separate" else "atomic"
-                        bc = bwd_cfg(pk[key], pk["dq"], m)["config"]
+                        bc = bwd_cfg(pk.get(key) or DKDV_CANDIDATES[D][0], pk["dq"], m)["config"]
                     else:
                         bc = None
                     impls.append((f"triton_step06_{m}", triton_fn(q, k, v, causal, mode, do, fcfg, bc, m),
@@ -309,6 +376,8 @@ def run_benchmark(info, best, dq_modes=("separate", "atomic")):
         print(f"  B={B:<3} H={H:<3} N={N:<6} D={D:<4} {'causal' if causal else 'full  '} TFLOP/s: "
               + "  ".join(f"{r['impl'].replace('triton_', '')}/{r['mode']} {r['tflops']:.0f}"
                           for r in here if r.get("tflops")) + ("" if status == "ok" else "  " + status), flush=True)
+        if save:
+            save(rows)
     add_ratios(rows)
     return rows
 
@@ -319,6 +388,26 @@ def add_ratios(rows):
     for r in rows:
         f = ref.get((r["mode"], r["B"], r["H"], r["N"], r["D"], r["causal"]))
         r["ratio_to_sdpa_flash"] = (f / r["ms"]) if (f and r.get("ms")) else None
+
+
+def summary(rows):
+    """One line per shape: TFLOP/s of each implementation and Triton's ratio to SDPA-FLASH."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["D"], r["causal"], r["B"], r["H"], r["N"]), {})[(r["impl"], r["mode"])] = r
+    out = [f"{'D':>4} {'causal':<6}{'B':>4}{'H':>4}{'N':>7} | fwd TFLOP/s: triton flash cudnn  x flash | "
+           f"fwd+bwd TFLOP/s: sep atomic flash cudnn  x flash(sep) x flash(atomic)   ms(sep)"]
+    f = lambda r: f"{r['tflops']:6.0f}" if r and r.get("tflops") else "     -"  # noqa: E731
+    x = lambda r: f"{r['ratio_to_sdpa_flash']:5.2f}" if r and r.get("ratio_to_sdpa_flash") else "    -"  # noqa: E731
+    for (D, c, B, H, N), d in sorted(by.items()):
+        g = lambda i, m: d.get((i, m))  # noqa: E731
+        sep = g("triton_step06_separate", "fwd+bwd")
+        out.append(f"{D:>4} {str(c):<6}{B:>4}{H:>4}{N:>7} |             {f(g('triton_step05', 'fwd'))} "
+                   f"{f(g('sdpa_flash', 'fwd'))} {f(g('sdpa_cudnn', 'fwd'))}   {x(g('triton_step05', 'fwd'))} | "
+                   f"                {f(sep)} {f(g('triton_step06_atomic', 'fwd+bwd'))} "
+                   f"{f(g('sdpa_flash', 'fwd+bwd'))} {f(g('sdpa_cudnn', 'fwd+bwd'))}        {x(sep)}          "
+                   f"{x(g('triton_step06_atomic', 'fwd+bwd'))}   {sep['ms'] if sep and sep.get('ms') else float('nan'):8.3f}")
+    return "\n".join(out)
 
 
 def table(rows):
@@ -339,7 +428,7 @@ def plot(path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     data = json.loads(Path(path).read_text())
-    rows = [r for r in data["rows"] if r.get("shape_set", "grid") == "grid"]
+    rows = [r for r in data["rows"] if r.get("suite", "grid") == "grid"]
     info = data["machine"]
     fig, axes = plt.subplots(2, 4, figsize=(18, 8), sharex=True)
     for i, mode in enumerate(("fwd", "fwd+bwd")):
@@ -355,8 +444,8 @@ def plot(path):
             ax.set_xlabel("N")
             ax.set_ylabel("TFLOP/s")
             ax.grid(alpha=0.3)
-            if i == 0 and j == 0:
-                ax.legend(fontsize=8)
+            if j == 0:
+                ax.legend(fontsize=7)
     fig.suptitle(f"Triton steps 05-06 vs SDPA, bf16, B=16384/N, H=2048/D: {info.get('gpu')}, "
                  f"torch {info.get('torch')}, triton {info.get('triton')}, {info.get('date')}")
     fig.tight_layout()
@@ -386,7 +475,9 @@ def plot_tuning(path):
             ax.plot(range(len(labels)), ys, marker=mk, linestyle="", label=f"D={D} {'causal' if causal else 'full'}")
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(["x".join(map(str, c[:2])) + f"\nw{c[2]} s{c[3]}" for c in labels], fontsize=7)
-        ax.set_title(f"{kind}: ms at N={max(TUNE_N)} (lower is better)")
+        what = {"fwd": "forward", "dkdv": "backward, dQ kernel fixed", "dq": "backward, dK/dV kernel fixed",
+                "atomic": "backward with atomic dQ"}[kind]
+        ax.set_title(f"{kind}: {what}, ms at N={max(TUNE_N)}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Tile sizes (BLOCK_M x BLOCK_N), warps and stages, bf16, " + str(data["machine"].get("gpu")))
@@ -394,6 +485,11 @@ def plot_tuning(path):
     out = Path(path).with_suffix(".png")
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
+
+
+def _has(module):
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
 
 
 # %% main -------------------------------------------------------------------------------------------
@@ -404,8 +500,10 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true", help="sweep tile sizes first and benchmark with the best")
     ap.add_argument("--no-tests", action="store_true")
     ap.add_argument("--plot", type=Path, help="only draw the PNGs from a JSON written earlier")
-    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 6))
     ap.add_argument("--dry-run", action="store_true", help="on a CPU, through the interpreter, toy sizes")
+    ap.add_argument("--sweep-leaderboard", action="store_true",
+                    help="only sweep tiles on the CS336 leaderboard shape (more candidates)")
     args = ap.parse_args(argv)
     if args.plot:
         plot(args.plot)
@@ -419,10 +517,17 @@ def main(argv=None):
     t0 = time.time()
     info = machine_info()
     print(json.dumps(info), flush=True)
+    if args.sweep_leaderboard:
+        best, rows = sweep_leaderboard(info, args.workers)
+        args.out.write_text(json.dumps({"machine": info, "rows": rows,
+                                        "best": {k: list(v) for k, v in best.items()}}, indent=1))
+        print(f"total {time.time() - t0:.0f} s")
+        return 0
     tests = None
     if not args.no_tests and DEVICE == "cuda":
         log = open(args.out.with_name("pytest_gpu.log"), "w")
-        tests = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "--impl", "solutions", "-m", "gpu",
+        xdist = ["-n", "6"] if _has("xdist") else []
+        tests = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-rs", *xdist, "--impl", "solutions", "-m", "gpu",
                                   "tests/test_step05_triton_fwd.py", "tests/test_step06_triton_bwd.py"],
                                  cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     jobs = []
@@ -456,11 +561,14 @@ def main(argv=None):
         if DEVICE == "cuda":
             precompile(extra, args.workers)
     t = time.time()
-    rows = run_benchmark(info, best)
+    def save(rows):
+        args.out.write_text(json.dumps({"machine": info, "tuned": bool(best), "rows": rows}, indent=1))
+    rows = run_benchmark(info, best, save=save)
     print(f"benchmark took {time.time() - t:.0f} s", flush=True)
-    args.out.write_text(json.dumps({"machine": info, "tuned": bool(best), "rows": rows}, indent=1))
-    print(table(rows))
-    lb = [r for r in rows if r.get("shape_set") == "leaderboard" and r["mode"] == "fwd+bwd"]
+    save(rows)
+    args.out.with_name(args.out.stem + "_table.txt").write_text(table(rows) + "\n")
+    print(summary(rows))
+    lb = [r for r in rows if r.get("suite") == "leaderboard" and r["mode"] == "fwd+bwd"]
     for r in lb:
         print(f"leaderboard shape (B=1 H=16 N=16384 D=64 bf16 causal fwd+bwd): {r['impl']}: "
               f"{r['ms']:.2f} ms (target <= {LEADERBOARD_MS} ms)" if r.get("ms") else f"{r['impl']}: {r['status']}")
