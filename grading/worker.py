@@ -159,8 +159,9 @@ class Guards:
         modes = []
         if "no_sdpa" in self.rules:
             modes.append(_SdpaFunctionMode(self))
-        if (nxn_probe and "no_nxn" in self.rules) or "extension" in self.rules:
-            modes.append(_OpDispatchMode(self, nxn=nxn_probe))
+        if self.rules & {"no_sdpa", "extension"} or (nxn_probe and "no_nxn" in self.rules):
+            # aten level: an SDPA kernel called through torch.ops, a custom op, the largest tensor made
+            modes.append(_OpDispatchMode(self, nxn=nxn_probe and "no_nxn" in self.rules))
         self.phase = phase
         try:
             with contextlib.ExitStack() as stack:

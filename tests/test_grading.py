@@ -46,7 +46,8 @@ TEST_CONFIG = FIX / "config.toml"
 WRONG = tomllib.loads((FIX / "wrong.toml").read_text())["wrong"]
 SENTINEL = Path("/tmp/attn_grading_evil_pickle_ran")
 
-# name -> (steps graded, expected {step: (points, status)}, strings the report must hold, config tweaks)
+# name -> (steps graded, expected {step: (points, status)}, strings the report must hold, config tweaks).
+# A step the folder lacks is "missing"; step 03, where listed, is the solution's: it must keep its 10 points.
 HOSTILE = {
     "infinite_loop": ([1], {1: (0.0, "timed out")}, ["timed out: the step ran past its 12 s limit"], {"timeout_s": 12}),
     "os_exit": ([1], {1: (0.0, "crashed")}, ["the worker exited (code 0)", "os._exit()"], {}),
@@ -55,7 +56,9 @@ HOSTILE = {
     "tamper": ([1], {1: (2.0, "failed")}, ["O does not match the reference", "the output does not require grad"], {}),
     "evil_pickle": ([1], {1: (0.0, "rejected")}, ["is not plain tensors and values", "the whole step scores 0"], {}),
     "reference_cheat": ([1], {1: (0.0, "rule broken")}, ["called attnlib's reference_attention/reference_backward"], {}),
-    "not_a_tensor": ([1], {1: (2.0, "failed")}, ["attention must return one tensor, got list"], {}),
+    "not_a_tensor": ([1, 2], {1: (2.0, "failed"), 2: (0.0, "missing")},
+                     ["attention must return one tensor, got list", "step02_compile.py is missing"], {}),
+    "aten_sdpa": ([4], {4: (0.0, "rule broken")}, ["F.scaled_dot_product_attention ran"], {}),
     "syntax_error": ([1], {1: (0.0, "import error")}, ["SyntaxError"], {}),
 }
 
