@@ -33,6 +33,11 @@ to the next power of two >= 16 with masked loads: 80 and 96 run as 128), fp32
 when their strides allow it and copied once otherwise). On a CPU it runs in
 Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported),
 where bf16 dots are wrong: use fp32 or fp16 there.
+
+Not done here (the next steps on Hopper, and why cuDNN's backend is still 5-40%
+faster): TMA bulk copies through tensor descriptors instead of cp.async pointer
+loads, and warp specialization (producer warps that only load, consumer warps that
+only compute).
 """
 
 import math
@@ -209,7 +214,8 @@ def _attn_fwd_kernel(
 #     run side by side).
 #   * Few programs (short sequences, small batch): 64-row tiles give more of them
 #     to fill the 132 SMs.
-# Measured on an H200: 1.04-1.48x SDPA-FLASH forward over FlashAttention's grid.
+# Measured on an H200: 1.04-1.45x SDPA-FLASH forward over FlashAttention's grid (1.29x or more
+# from N = 2048; results/h200/triton_gpu_NOTES.md).
 
 def _pow2_dim(d):
     return max(16, triton.next_power_of_2(d))
