@@ -112,6 +112,15 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
             if nk % bk:
                 yield f"the last, partial key tile is dropped (keys {(nk // bk) * bk}-{nk - 1}, Bk={bk})", \
                     flash_sim(q, k, v, scale, is_causal, bk, drop_partial_k=True)[pick]
+                pad = -(-nk // bk) * bk - nk
+                kp = torch.cat([k, k.new_zeros(*k.shape[:-2], pad, k.shape[-1])], dim=-2)
+                vp = torch.cat([v, v.new_zeros(*v.shape[:-2], pad, v.shape[-1])], dim=-2)
+                mask = None
+                if is_causal:
+                    mask = torch.cat([causal_mask(nq, nk), torch.ones(nq, pad, dtype=torch.bool)], dim=1)
+                yield (f"keys past Nk are not masked in the last tile: {pad} zero-padded keys take part in "
+                       f"the softmax (Bk={bk}); mask scores with key index >= Nk to -inf"), \
+                    _attn_with_mask(q, kp, vp, scale, mask)[pick]
         if quantity == "o":
             # Unnormalized, the accumulator is the same for every tile size: one tile suffices.
             yield "the output is not divided by the running sum l at the end", \
@@ -148,10 +157,18 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
         p_unmasked = torch.exp(_scores(q, k, scale, None) - lse[..., None])
         yield "the causal mask is missing when P is recomputed in the backward", \
             _grads_from_p(p_unmasked, q, k, v, do, o, scale)[idx]
+        rows = torch.arange(nq)[:, None]
+        cols = torch.arange(nk)[None, :]
+        for desc, m in (("hides the diagonal (j < i)", cols < rows), ("shows one key too many (j <= i + 1)",
+                                                                      cols <= rows + 1)):
+            p_bug = torch.exp(_scores(q, k, scale, m) - lse[..., None])
+            yield f"the causal mask in the backward's recomputation of P is off by one: it {desc}", \
+                _grads_from_p(p_bug, q, k, v, do, o, scale)[idx]
 
 
 def _distance(a, b):
-    both_nan = torch.isnan(a) & torch.isnan(b)
+    # A kernel writes NaN where the float64 candidate has -inf (a fully masked row): the same mistake.
+    both_nan = ~torch.isfinite(a) & ~torch.isfinite(b)
     d = (a - b).abs()
     d = torch.where(both_nan, torch.zeros_like(d), d)
     d = torch.where(torch.isnan(d), torch.full_like(d, math.inf), d)
@@ -180,6 +197,8 @@ def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=N
                                  dout=dout, tiles=tiles):
         if cand.shape != actual.shape:
             continue
+        if not (torch.isfinite(cand) & (cand != 0)).any():
+            continue                      # an all-zero candidate would match any zeroed output
         d = _distance(actual, cand)
         if best is None or d < best[0]:
             best = (d, desc)

@@ -118,3 +118,19 @@ def test_tolerance_policy_leaves_pytorch_a_2x_margin(device, dtype, is_causal):
             bound = atol * ref.abs().max() + rtol * ref.abs()
             assert (err <= bound / 2).all(), (
                 f"{name}: PyTorch's own {dtype} attention uses {float((err / bound).max()):.2f} of the bound")
+
+
+def test_diagnosis_names_unmasked_padding_keys():
+    q, k, v = make_qkv(1, 2, 20, 45, 16, dtype=torch.float64)
+    kp = torch.cat([k, k.new_zeros(1, 2, 3, 16)], dim=-2)
+    vp = torch.cat([v, v.new_zeros(1, 2, 3, 16)], dim=-2)
+    out = reference_attention(q, kp, vp, False, 0.25)[0]             # 45 keys padded to 48
+    assert "zero-padded keys" in likely_bug("o", out, q, k, v, is_causal=False, scale=0.25)
+
+
+def test_diagnosis_skips_all_zero_candidates():
+    q, k, v = make_qkv(1, 1, 5, 1, 16, dtype=torch.float64)          # Nk=1: dK is exactly zero
+    do = make_dout(q)
+    zeros_dv = torch.zeros_like(v)
+    hint = likely_bug("dv", zeros_dv, q, k, v, is_causal=False, scale=0.25, dout=do)
+    assert hint is None or "swapped" not in hint
