@@ -15,7 +15,8 @@ Three ways to run it, one set of tile math (the functions you write):
   2. ``attention``          the same arithmetic with all query tiles processed
                             together (they are independent): one loop over key tiles,
                             the only loop the online softmax needs, on Nq x Bk strips.
-  3. ``attention_compiled`` 2. through ``torch.compile``.
+  3. ``attention_compiled`` 2. with each strip step (scores + update, and the backward
+                            tile) through ``torch.compile``; the key loop stays in Python.
 
 All three go through ``FlashAttention2Torch``, which saves Q, K, V, O and the
 log-sum-exp L = m + log(l) (float32, ``(..., Nq)``) and nothing else: the
@@ -229,10 +230,30 @@ def backward_loops(q, k, v, o, lse, do, is_causal, scale, block_q, block_k):
 # 2. Query tiles together: one loop over key tiles, on Nq x Bk strips
 # ---------------------------------------------------------------------------
 
-def forward_strips(q, k, v, is_causal, scale, block_q, block_k):
-    """The same forward with all query tiles at once. Returns O (q's dtype), L."""
+def forward_step(q, k, v, m, l, acc, r0, k0, k1, scale, mask=None):
+    """Fold key tile [k0, k1) into the running (m, l, acc) of query rows r0.., in place."""
+    s = scores(q[..., r0:, :], k[..., k0:k1, :], scale, mask)    # (..., Nq - r0, Bk)
+    m[..., r0:], l[..., r0:], acc[..., r0:, :] = online_softmax_update(
+        m[..., r0:], l[..., r0:], acc[..., r0:, :], s, v[..., k0:k1, :])
+
+
+def backward_step(q, k, v, do, lse, d, dq, dk, dv, r0, k0, k1, scale, mask=None):
+    """Key tile [k0, k1) against query rows r0..: its dK and dV, and its share of dQ, in place."""
+    dq_r, dk[..., k0:k1, :], dv[..., k0:k1, :] = backward_tile(
+        q[..., r0:, :], k[..., k0:k1, :], v[..., k0:k1, :], do[..., r0:, :],
+        lse[..., r0:], d[..., r0:], scale, mask)
+    dq[..., r0:, :] += dq_r
+
+
+def forward_strips(q, k, v, is_causal, scale, block_q, block_k, step=forward_step):
+    """The same forward with all query tiles at once. Returns O (q's dtype), L.
+
+    ``step`` is ``forward_step`` or its compiled twin (version 3).
+    """
     *batch, nq, d = q.shape
     nk = k.shape[-2]
+    dtype = q.dtype
+    q, k, v = (t.detach().float() for t in (q, k, v))           # float32: free in fp32, O(N D) else
     m = torch.full((*batch, nq), -math.inf, device=q.device)    # (..., Nq)
     l = torch.zeros(*batch, nq, device=q.device)                # (..., Nq)
     acc = torch.zeros(*batch, nq, d, device=q.device)           # (..., Nq, D)
@@ -241,17 +262,19 @@ def forward_strips(q, k, v, is_causal, scale, block_q, block_k):
             break                                                # no query sees these keys
         k1 = min(k0 + block_k, nk)
         r0, mask = strip_rows(k0, k1, nq, block_q, is_causal, q.device)
-        s = scores(q[..., r0:, :], k[..., k0:k1, :], scale, mask)   # (..., Nq - r0, Bk)
-        m[..., r0:], l[..., r0:], acc[..., r0:, :] = online_softmax_update(
-            m[..., r0:], l[..., r0:], acc[..., r0:, :], s, v[..., k0:k1, :])
+        step(q, k, v, m, l, acc, r0, k0, k1, scale, mask)
     o, lse = finalize(m, l, acc)
-    return o.to(q.dtype), lse
+    return o.to(dtype), lse
 
 
-def backward_strips(q, k, v, o, lse, do, is_causal, scale, block_q, block_k):
-    """The same backward with all query tiles at once: dK, dV of a key tile in one step."""
+def backward_strips(q, k, v, o, lse, do, is_causal, scale, block_q, block_k, step=backward_step):
+    """The same backward with all query tiles at once: dK, dV of a key tile in one step.
+
+    ``step`` is ``backward_step`` or its compiled twin (version 3).
+    """
     nq, nk = q.shape[-2], k.shape[-2]
     d = delta(o, do)                                             # (..., Nq)
+    q, k, v, do = (t.detach().float() for t in (q, k, v, do))
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float32, device=q.device)
@@ -260,89 +283,104 @@ def backward_strips(q, k, v, o, lse, do, is_causal, scale, block_q, block_k):
             break                                                # these keys get no gradient: 0
         k1 = min(k0 + block_k, nk)
         r0, mask = strip_rows(k0, k1, nq, block_q, is_causal, q.device)
-        dq_r, dk[..., k0:k1, :], dv[..., k0:k1, :] = backward_tile(
-            q[..., r0:, :], k[..., k0:k1, :], v[..., k0:k1, :], do[..., r0:, :],
-            lse[..., r0:], d[..., r0:], scale, mask)
-        dq[..., r0:, :] += dq_r
+        step(q, k, v, do, lse, d, dq, dk, dv, r0, k0, k1, scale, mask)
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------
+# 3. The strip steps through torch.compile
+# ---------------------------------------------------------------------------
+# Compiling the whole forward would unroll the key loop into the graph: the graph
+# grows with Nk / Bk and so does the compile time (on a 2-core CPU, 8, 16 and 32
+# key tiles took 54, 125 and 212 s for forward + backward), and every new N compiles
+# again. Compiling one step instead gives a few small graphs shared by every N.
+# The steps take the whole tensors and integer offsets, not views, so a strip's
+# strides and storage offset never reach the graph's guards; ``dynamic=True`` keeps
+# the offsets symbolic. A handful of variants remain per step (no mask, r0 == 0,
+# a band that covers every remaining row), all float32, since the strips upcast once.
+
+_compiled_steps = None
+
+
+def compiled_steps():
+    """``(forward_step, backward_step)`` compiled once per process, lazily."""
+    global _compiled_steps
+    if _compiled_steps is None:
+        _compiled_steps = (torch.compile(forward_step, dynamic=True),
+                           torch.compile(backward_step, dynamic=True))
+    return _compiled_steps
 
 
 # ---------------------------------------------------------------------------
 # The autograd.Function and the public functions
 # ---------------------------------------------------------------------------
 
+VERSIONS = ("loops", "strips", "compiled")
+
+
+def _forward(version, q, k, v, is_causal, scale, block_q, block_k):
+    if version == "loops":
+        return forward_loops(q, k, v, is_causal, scale, block_q, block_k)
+    step = compiled_steps()[0] if version == "compiled" else forward_step
+    return forward_strips(q, k, v, is_causal, scale, block_q, block_k, step)
+
+
+def _backward(version, q, k, v, o, lse, do, is_causal, scale, block_q, block_k):
+    if version == "loops":
+        return backward_loops(q, k, v, o, lse, do, is_causal, scale, block_q, block_k)
+    step = compiled_steps()[1] if version == "compiled" else backward_step
+    return backward_strips(q, k, v, o, lse, do, is_causal, scale, block_q, block_k, step)
+
+
 class FlashAttention2Torch(torch.autograd.Function):
     """FlashAttention-2 in PyTorch. Returns ``(O, L)``; L is not differentiable.
 
-    ``apply(q, k, v, is_causal, scale, block_q, block_k, loops)``: ``scale`` a
-    float (the public functions resolve None); ``loops`` picks the double loop
-    (True) or the strips (False).
+    ``apply(q, k, v, is_causal, scale, block_q, block_k, version)``: ``scale`` a
+    float (the public functions resolve None); ``version`` one of ``VERSIONS``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, block_q, block_k, loops):
-        fwd = forward_loops if loops else forward_strips
-        o, lse = fwd(q, k, v, is_causal, scale, block_q, block_k)
+    def forward(ctx, q, k, v, is_causal, scale, block_q, block_k, version):
+        o, lse = _forward(version, q, k, v, is_causal, scale, block_q, block_k)
         ctx.save_for_backward(q, k, v, o, lse)                   # no N x N tensor, no P
-        ctx.is_causal, ctx.scale, ctx.loops = is_causal, scale, loops
-        ctx.block_q, ctx.block_k = block_q, block_k
+        ctx.args = (is_causal, scale, block_q, block_k)
+        ctx.version = version
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        bwd = backward_loops if ctx.loops else backward_strips
-        dq, dk, dv = bwd(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.block_q, ctx.block_k)
+        dq, dk, dv = _backward(ctx.version, q, k, v, o, lse, do, *ctx.args)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def _check_blocks(block_q, block_k, where):
+def _check_args(block_q, block_k, version, where):
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             raise ValueError(f"{where}: {name} must be a positive int, got {b!r}")
+    if version not in VERSIONS:
+        raise ValueError(f"{where}: version must be one of {VERSIONS}, got {version!r}")
 
 
 def attention_with_lse(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K,
-                       loops=False):
+                       version="strips"):
     """``(O, L)``: the output in q's dtype and the float32 log-sum-exp ``(..., Nq)``."""
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step04 attention")
-    _check_blocks(block_q, block_k, "step04 attention")
-    return FlashAttention2Torch.apply(q, k, v, is_causal, scale, block_q, block_k, loops)
+    _check_args(block_q, block_k, version, "step04 attention")
+    return FlashAttention2Torch.apply(q, k, v, is_causal, scale, block_q, block_k, version)
 
 
 def attention(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K):
     """The course contract, through FlashAttention-2 on strips (query tiles together)."""
-    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k)[0]
+    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k, "strips")[0]
 
 
 def attention_loops(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K):
     """The course contract, through the readable double loop (slow; for teaching)."""
-    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k, loops=True)[0]
-
-
-def _flash(q, k, v, is_causal, scale, block_q, block_k):
-    return FlashAttention2Torch.apply(q, k, v, is_causal, scale, block_q, block_k, False)[0]
-
-
-_compiled = None
-
-
-def compiled_flash():
-    """``_flash`` compiled once per process, lazily (compiling costs seconds).
-
-    Dynamo unrolls the key-tile loop (its length depends on N), so every new
-    shape compiles again; Inductor fuses the elementwise work of each tile
-    (the max, the exps, the rescale) around the matrix products.
-    """
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(_flash, dynamic=False)
-    return _compiled
+    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k, "loops")[0]
 
 
 def attention_compiled(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K):
-    """The course contract, through ``torch.compile`` of the strip version."""
-    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step04 attention_compiled")
-    _check_blocks(block_q, block_k, "step04 attention_compiled")
-    return compiled_flash()(q, k, v, is_causal, scale, block_q, block_k)
+    """The course contract, through the strips with compiled steps (first call compiles)."""
+    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k, "compiled")[0]
