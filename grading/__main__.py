@@ -37,6 +37,10 @@ def grade_main(argv) -> int:
     ap.add_argument("--worker-user", help="run the workers as this user (the grader must be root): Gradescope")
     ap.add_argument("--cache", help="compile caches kept across runs (default: out/grading/cache for steps/ and "
                     "solutions/, private to the run for any other folder, which may be a stranger's submission)")
+    ap.add_argument("--check-grader-files", action="store_true",
+                    help="score a step 0 if grading/, attnlib/ or the hidden tests change while its worker runs "
+                         "(on in batch and on Gradescope; off by default, as colleagues may edit a working tree)")
+    ap.add_argument("--release-steps", help=argparse.SUPPRESS)       # set by batch: its graders run from a snapshot
     ap.add_argument("--quiet", "-q", action="store_true", help="the table only, no failure reports")
     ap.add_argument("--summary-json", action="store_true", help="print one JSON summary line last (for batch)")
     args = ap.parse_args(argv)
@@ -49,7 +53,8 @@ def grade_main(argv) -> int:
     cache = args.cache
     if cache is None and args.impl in ("steps", "solutions") and not args.worker_user:
         cache = str(DEFAULT_OUT / "cache")      # your own code: keep torch.compile's work between runs
-    grader = Grader(conf, hidden=args.hidden, worker_user=args.worker_user, jobs=args.jobs, cache=cache)
+    grader = Grader(conf, hidden=args.hidden, worker_user=args.worker_user, jobs=args.jobs, cache=cache,
+                    check_files=args.check_grader_files, release=_steps([args.release_steps]) if args.release_steps else None)
     try:
         g = grader.grade(args.impl, _steps(args.step))
     except FileNotFoundError as exc:

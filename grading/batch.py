@@ -3,9 +3,9 @@
     python -m grading batch SUBMISSIONS/ -j 4 [--out OUT] [--hidden DIR] [--step N]
 
 Each entry of SUBMISSIONS (a folder shaped like steps/, or holding steps/) is
-graded by its own grader process (``python -m grading --impl ENTRY``), with
-its own timeout, so a submission that breaks its grader -- or anything else --
-costs that row only. The gradebook is built from each grader's summary line on
+graded by its own grader process (``python -m grading --impl ENTRY``), run from
+its own copy of the grader, with its own timeout, so a submission that breaks
+or rewrites its grader -- or anything else -- costs that row only. The gradebook is built from each grader's summary line on
 its stdout, a pipe no worker can reach (workers write to files), not from
 files a submission could overwrite.
 """
@@ -16,8 +16,10 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -31,18 +33,39 @@ def submissions(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
 
-def grade_one(sub: Path, out: Path, args, timeout_s: float) -> dict:
-    cmd = [sys.executable, "-m", "grading", "--impl", str(sub), "--jobs", "1", "--quiet", "--summary-json",
-           "--out", str(out / sub.name)]
-    for opt in ("config", "hidden", "worker_user"):
+def snapshot(dst: Path) -> Path:
+    """A private copy of the grader (attnlib/, grading/) for one submission's grader to run from.
+
+    A submission that rewrites the grader running it changes only its own copy (after the
+    grader has loaded it, and the file check zeroes the step); the repository and the other
+    submissions' graders never see it, and the check watches a tree nobody else edits."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    for pkg in ("attnlib", "grading"):
+        shutil.copytree(REPO / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def grade_one(sub: Path, out: Path, args, timeout_s: float, release: list[int]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="grader-") as tmp:
+        return _grade_one(sub, out, args, timeout_s, snapshot(Path(tmp) / "_grader"), release)
+
+
+def _grade_one(sub: Path, out: Path, args, timeout_s: float, grader: Path, release: list[int]) -> dict:
+    cmd = [sys.executable, "-m", "grading", "--impl", str(sub.resolve()), "--jobs", "1", "--quiet", "--summary-json",
+           "--out", str((out / sub.name).resolve()), "--check-grader-files",
+           "--release-steps", ",".join(map(str, release))]
+    for opt in ("config", "hidden"):
         if getattr(args, opt):
-            cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+            cmd += [f"--{opt}", str(Path(getattr(args, opt)).resolve())]
+    if args.worker_user:
+        cmd += ["--worker-user", args.worker_user]
     for s in args.step or []:
         cmd += ["--step", str(s)]
     t0 = time.monotonic()
     row = {"submission": sub.name, "points": 0.0, "max": None, "seconds": None, "steps": {}, "error": ""}
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run(cmd, cwd=grader, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     except subprocess.TimeoutExpired:
         row["error"] = f"the grader ran past {timeout_s:.0f} s"
@@ -101,9 +124,11 @@ def main(argv=None) -> int:
         return 2
     timeout_s = args.timeout or sum(s.timeout_s for s in conf.steps.values()) + 60
     args.out.mkdir(parents=True, exist_ok=True)
+    from .grade import released_steps
+    release = released_steps()
     rows = []
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        futs = {pool.submit(grade_one, s, args.out, args, timeout_s): s for s in subs}
+        futs = {pool.submit(grade_one, s, args.out, args, timeout_s, release): s for s in subs}
         with tqdm(total=len(futs), desc="grading", unit="submission") as bar:
             for fut in as_completed(futs):
                 try:

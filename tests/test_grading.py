@@ -249,18 +249,25 @@ def test_batch_grades_everyone_despite_broken_submissions(tmp_path):
     shutil.copytree(FIX / "hostile" / "syntax_error", subs / "broken")
     (subs / "nested" / "steps").mkdir(parents=True)           # a zip of the whole repo: steps/ inside
     shutil.copyfile(REPO / "solutions" / "step01_naive.py", subs / "nested" / "steps" / "step01_naive.py")
+    shutil.copytree(FIX / "hostile" / "tamper_files", subs / "rewrites_grader")
+    before = (REPO / "attnlib" / "compare.py").read_text()
     proc = subprocess.run([sys.executable, "-m", "grading", "batch", str(subs), "-j", "2", "--step", "1",
                            "--config", str(TEST_CONFIG), "--out", str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "100%" in proc.stderr                                   # the progress bar ran to the end
     rows = {r["submission"]: r for r in csv.DictReader(open(tmp_path / "out" / "gradebook.csv"))}
-    assert set(rows) == {"good", "crashes", "broken", "nested"}
+    assert set(rows) == {"good", "crashes", "broken", "nested", "rewrites_grader"}
     assert float(rows["good"]["total"]) == 10.0 and rows["good"]["step01_status"] == "passed"
     assert float(rows["nested"]["total"]) == 10.0
     assert float(rows["crashes"]["total"]) == 0.0 and rows["crashes"]["step01_status"] == "crashed"
     assert rows["broken"]["step01_status"] == "import error" and "SyntaxError" in rows["broken"]["first_failure"]
     assert (tmp_path / "out" / "good" / "results.json").exists()
+    # It rewrote its own grader's copy of attnlib/compare.py: caught, and nobody else's grade moved.
+    assert rows["rewrites_grader"]["step01_status"] == "rejected", rows["rewrites_grader"]
+    assert float(rows["rewrites_grader"]["total"]) == 0.0
+    assert "attnlib/compare.py" in rows["rewrites_grader"]["first_failure"]
+    assert (REPO / "attnlib" / "compare.py").read_text() == before
 
 
 # ---------------------------------------------------------------------------
