@@ -343,6 +343,24 @@ def test_config_errors_are_clear(tmp_path):
         assert sum(g.points for g in sc.groups) > 0, f"step {n} pays nothing"
 
 
+def test_items_on_a_gpu_machine():
+    """What would run where with a GPU (built here without one: nothing is launched)."""
+    from grading.spec import build_items
+    conf = cfg.load()
+    for n, sc in conf.steps.items():
+        items, skipped = build_items(n, sc.groups, has_gpu=True)
+        assert not skipped, f"step {n}: {skipped}"
+        kinds = {(it.kind, it.device, str(it.dtype)) for it in items}
+        if n <= 4:
+            assert ("attn", "cpu", "torch.float32") in kinds
+            assert {("attn", "cuda", "torch.float16"), ("attn", "cuda", "torch.bfloat16")} <= kinds
+        else:
+            assert ("attn", "cuda", "torch.float16") in kinds and not any(d == "cpu" for _, d, _ in kinds)
+        assert any(it.kind == "time" for it in items) == any(g.kind == "speed" for g in sc.groups)
+    items, skipped = build_items(7, conf.steps[7].groups, has_gpu=False)
+    assert items == [] and len(skipped) == len(conf.steps[7].groups)
+
+
 # ---------------------------------------------------------------------------
 # Packaging
 # ---------------------------------------------------------------------------
