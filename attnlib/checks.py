@@ -22,7 +22,7 @@ def describe(q, k, is_causal, scale=None):
 
 
 def check_attention(attn, q, k, v, *, is_causal=False, scale=None, grads=True, tile=None,
-                    tf32=False, dout_seed=1):
+                    tile_k=None, tf32=False, dout_seed=1):
     """Check ``attn(q, k, v, is_causal=, scale=)``'s output and, if ``grads``, dQ, dK, dV.
 
     ``q, k, v`` are leaf tensors in the dtype and on the device to test.
@@ -31,6 +31,7 @@ def check_attention(attn, q, k, v, *, is_causal=False, scale=None, grads=True, t
     __tracebackhide__ = True  # pytest shows the report, not this function's code
     ctx = describe(q, k, is_causal, scale)
     s = check_inputs(q, k, v, is_causal=is_causal, scale=scale)
+    tile_k = tile if tile_k is None else tile_k
     q, k, v = (t.detach().clone().requires_grad_(grads) for t in (q, k, v))
     out = attn(q, k, v, is_causal=is_causal, scale=scale)
     if not isinstance(out, torch.Tensor):
@@ -41,7 +42,7 @@ def check_attention(attn, q, k, v, *, is_causal=False, scale=None, grads=True, t
         raise AssertionError(f"the output must be on {q.device}, got {out.device} ({ctx})")
     ref_o, _ = reference_attention(q, k, v, is_causal, s)
     assert_close(out, ref_o, name="O", tf32=tf32, tile=tile, context=ctx,
-                 hint=lambda: likely_bug("o", out, q, k, v, is_causal=is_causal, scale=s, tile=tile))
+                 hint=lambda: likely_bug("o", out, q, k, v, is_causal=is_causal, scale=s, tile=tile_k))
     if not grads:
         return
     if not out.requires_grad:
@@ -58,7 +59,7 @@ def check_attention(attn, q, k, v, *, is_causal=False, scale=None, grads=True, t
         assert_close(g, ref, name=name, tf32=tf32, row_label=rows, context=ctx,
                      tile=tile if name == "dQ" else None,
                      hint=lambda g=g, name=name: likely_bug(name.lower(), g, q, k, v, is_causal=is_causal,
-                                                            scale=s, dout=dout, tile=tile))
+                                                            scale=s, dout=dout, tile=tile_k))
 
 
 def check_lse(lse, q, k, v, *, is_causal=False, scale=None, tile=None):

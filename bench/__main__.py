@@ -147,7 +147,7 @@ def main(argv=None):
     impls = core.implementations(args.code, device)
 
     if args.suite == "profile":
-        from .profile import profile
+        from .profiling import profile
         return profile(impls, args.impl or "step04", device=device, N=args.N, D=args.D,
                        causal=args.causal, bwd=args.bwd, out=args.out or Path("out/profile"))
 
