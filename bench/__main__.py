@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,10 +26,11 @@ import torch
 from . import core, plots
 
 # fp32 sweep: SDPA's flash and cuDNN backends refuse fp32, so they are left out there.
-SWEEP_IMPLS = ["naive", "compiled", "sdpa-efficient", "sdpa-math", "step04", "step04-compiled",
-               "step05", "step06", "step07"]
-GRID_IMPLS = ["naive", "compiled", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
-              "step04", "step04-compiled", "step05", "step06", "step07"]
+SWEEP_IMPLS = ["naive", "compiled", "step04", "step05", "step06", "sdpa-efficient", "sdpa-math",
+               "step04-compiled", "step07"]
+# In order of importance: a time budget cuts from the end.
+GRID_IMPLS = ["sdpa-flash", "step05", "step06", "step07", "sdpa-cudnn", "naive", "compiled", "step04",
+              "sdpa-efficient", "sdpa-math", "step04-compiled"]
 
 
 def _progress(items, desc):
@@ -39,7 +41,7 @@ def _progress(items, desc):
         return items
 
 
-def run_suite(suite, impls, device, small, machine, default_impls=False):
+def run_suite(suite, impls, device, small, machine, default_impls=False, deadline=None):
     configs = []
     if suite == "sweep":
         Ds = [64] if small else [16, 32, 64, 128]
@@ -64,10 +66,15 @@ def run_suite(suite, impls, device, small, machine, default_impls=False):
     rows = []
     if suite == "sweep" and device == "cuda" and default_impls:
         impls = {n: f for n, f in impls.items() if n in SWEEP_IMPLS}
-    work = [(c, name) for c in configs for name in impls]
+    # Implementations outer, in the order given (SDPA-FLASH first): if the time budget runs
+    # out, the least important implementations are the ones left unmeasured, not the large N.
+    order = sorted(impls, key=lambda n: (n != "sdpa-flash", list(impls).index(n)))
+    work = [(c, name) for name in order for c in configs]
     for c, name in _progress(work, suite):
         fn = impls[name]
         modes = c["modes"]
+        if deadline is not None and time.monotonic() > deadline:
+            fn = "skipped: the run's time budget (--budget-s) was spent"
         if isinstance(fn, str):
             rows += [core.Row(impl=name, mode=m, dtype=str(c["dtype"]).replace("torch.", ""), B=c["B"], H=c["H"],
                               N=c["N"], D=c["D"], causal=c["causal"], status=fn[:160], machine=machine,
@@ -130,6 +137,8 @@ def main(argv=None):
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--bwd", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting measurements after this many seconds (rows left say so)")
     args = ap.parse_args(argv)
 
     if args.suite == "plot":
@@ -165,9 +174,10 @@ def main(argv=None):
     machine = core.machine_info()
     ceilings = core.measure_ceilings(device)
     rows = []
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
     for suite in suites:
-        rows += run_suite(suite, impls, device, small, machine, default_impls=not args.impls)
-    core.save(rows, out / "results.json", out / "results.csv")
+        rows += run_suite(suite, impls, device, small, machine, default_impls=not args.impls, deadline=deadline)
+        core.save(rows, out / "results.json", out / "results.csv")      # keep what is done
     if ceilings:
         import json
         (out / "ceilings.json").write_text(json.dumps(ceilings, indent=1))
