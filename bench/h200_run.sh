@@ -9,10 +9,10 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-timeout 170 $PY -m pytest --impl solutions tests/test_step04_flash_torch.py tests/test_contract.py \
+timeout 140 $PY -m pytest --impl solutions tests/test_step04_flash_torch.py tests/test_contract.py \
     -q -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -4
-timeout 110 $PY bench/step04_figures.py --out "$OUT/step04" 2>&1 | tee "$OUT/step04.log" | tail -30
-timeout 200 $PY -m bench leaderboard --out "$OUT/bench_lb" --budget-s 40 2>&1 | tail -14
-timeout 250 $PY -m bench grid --out "$OUT/bench_grid" --budget-s 170 2>&1 | tee "$OUT/grid.log" | grep -E "ceilings|sdpa-flash|step0[567] " | tail -40
-timeout 120 $PY -m bench sweep --out "$OUT/bench_sweep" --budget-s 80 2>&1 | tee "$OUT/sweep.log" | tail -3
+timeout 90 $PY bench/step04_figures.py --out "$OUT/step04" 2>&1 | tee "$OUT/step04.log" | tail -30
+timeout 50 $PY -m bench leaderboard --out "$OUT/bench_lb" --budget-s 25 2>&1 | tail -14
+timeout 200 $PY -m bench grid --out "$OUT/bench_grid" --budget-s 150 2>&1 | tee "$OUT/grid.log" | grep -E "ceilings|sdpa-flash|step0[567] " | tail -40
+timeout 80 $PY -m bench sweep --out "$OUT/bench_sweep" --budget-s 50 2>&1 | tee "$OUT/sweep.log" | tail -3
 tar czf "$OUT/h200.tgz" -C "$OUT" --exclude h200.tgz . && ls -la "$OUT"

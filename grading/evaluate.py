@@ -284,8 +284,15 @@ class RuleResult:
     evaluated: bool = True
 
 
-def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set) -> list[RuleResult]:
-    """Decide each rule from the worker's counters. ``ran_ok``: indices of items whose call succeeded."""
+def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
+                   observed: dict | None = None) -> list[RuleResult]:
+    """Decide each rule from the worker's counters. ``ran_ok``: indices of items whose call succeeded.
+
+    ``observed``: what the grader saw itself, to cross-check the counters where it can:
+    ``inductor_files`` / ``triton_files``, the files in the worker's compile caches (None: not
+    checkable here, e.g. Triton's interpreter compiles nothing).
+    """
+    observed = observed or {}
     out = []
     guards = {i: records[i].get("guard", {}) for i in records}
 
@@ -303,8 +310,16 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set) -> list
                                   "reference, so a step must compute attention itself" if n else ""))
         elif rule == "compiled":
             n = max((int(g.get("dynamo_graphs", 0)) for g in guards.values()), default=0)
-            out.append(RuleResult(rule, n > 0, "torch.compile never compiled a graph: compiled_naive() must "
-                                  "return torch.compile(naive_attention, ...) and attention must call it" if n == 0 else ""))
+            files = observed.get("inductor_files")
+            if n == 0:
+                out.append(RuleResult(rule, False, "torch.compile never compiled a graph: compiled_naive() must "
+                                      "return torch.compile(naive_attention, ...) and attention must call it"))
+            elif files == 0:     # the grader's own look: Inductor writes the code it generates to the cache
+                out.append(RuleResult(rule, False, f"the worker reports {n} compiled graph(s), but Inductor generated "
+                                      "no code (compile caches are empty): torch.compile with the default "
+                                      "backend (Inductor) is the point of this step"))
+            else:
+                out.append(RuleResult(rule, True))
         elif rule == "no_sdpa":
             f, b = total("sdpa_fwd"), total("sdpa_bwd")
             out.append(RuleResult(rule, f + b == 0, f"F.scaled_dot_product_attention ran {f} time(s) in the forward "
@@ -333,8 +348,14 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set) -> list
             phase = rule[-3:]
             n = total(f"triton_{phase}", ran_ok)
             where = "forward" if phase == "fwd" else "backward"
-            out.append(RuleResult(rule, n > 0, f"no Triton kernel was launched in the {where}: this step's "
-                                  f"{where} must run your @triton.jit kernel" if n == 0 else ""))
+            if n == 0:
+                out.append(RuleResult(rule, False, f"no Triton kernel was launched in the {where}: this step's "
+                                      f"{where} must run your @triton.jit kernel"))
+            elif observed.get("triton_files") == 0:
+                out.append(RuleResult(rule, False, f"the worker reports {n} Triton launch(es) in the {where}, but "
+                                      "no Triton kernel was compiled (the Triton cache is empty)"))
+            else:
+                out.append(RuleResult(rule, True))
         elif rule == "extension":
             n = total("extension", ran_ok)
             out.append(RuleResult(rule, n > 0, "the compiled extension was never called: attention must run "

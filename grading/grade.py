@@ -184,6 +184,15 @@ def _lost_message(run: sandbox.WorkerRun, items, timeout_s, memory_mb) -> tuple[
     return S_CRASHED, "no result came back for this check"
 
 
+def _count_files(folder: Path) -> int:
+    """Regular files under ``folder`` (lock files aside): what a compiler left in its cache."""
+    n = 0
+    for dirpath, dirnames, names in os.walk(folder, followlinks=False):
+        dirnames[:] = [d for d in dirnames if d != "locks"]
+        n += sum(1 for x in names if not x.endswith(".lock") and os.path.isfile(os.path.join(dirpath, x)))
+    return n
+
+
 class Grader:
     def __init__(self, config: Config, *, hidden: str | None = None, worker_user: str | None = None,
                  jobs: int | None = None, has_gpu: bool | None = None, cache: str | None = None,
@@ -327,7 +336,10 @@ class Grader:
         # Rules: any broken rule zeroes the step
         if not step_problem and not imp_err:
             ran_ok_checks = {i for i in ran_ok if items[i].checks}
-            res.rules = evaluate_rules(spec.rules, items, run.records, ran_ok_checks)
+            cache = self.cache or work / "cache"
+            observed = {"inductor_files": _count_files(cache / "inductor"),
+                        "triton_files": _count_files(cache / "triton") if self.has_gpu else None}
+            res.rules = evaluate_rules(spec.rules, items, run.records, ran_ok_checks, observed)
         broken = [r for r in res.rules if not r.ok]
         if broken:
             for gr in res.groups:

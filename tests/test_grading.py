@@ -59,6 +59,7 @@ HOSTILE = {
     "not_a_tensor": ([1, 2], {1: (2.0, "failed"), 2: (0.0, "missing")},
                      ["attention must return one tensor, got list", "step02_compile.py is missing"], {}),
     "aten_sdpa": ([4], {4: (0.0, "rule broken")}, ["F.scaled_dot_product_attention ran"], {}),
+    "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
     "syntax_error": ([1], {1: (0.0, "import error")}, ["SyntaxError"], {}),
 }
 
@@ -114,6 +115,8 @@ def graded(tmp_path_factory):
         shutil.copytree(FIX / "hostile" / name, dst)
         if 3 in steps:
             shutil.copyfile(REPO / "solutions" / "step03_sdpa.py", dst / "step03_sdpa.py")
+        if 2 in steps:
+            shutil.copyfile(REPO / "solutions" / "step01_naive.py", dst / "step01_naive.py")
         jobs.append((name, dst, steps, tweak, None))
     # The same bug, graded with the hidden tests merged in.
     spec = next(s for s in WRONG if s["name"] == "step01-causal-off-by-one")
@@ -123,12 +126,14 @@ def graded(tmp_path_factory):
     def run(job):
         name, folder, steps, tweak, hidden = job
         conf = cfg.load(TEST_CONFIG, hidden)
+        tweak = dict(tweak)
+        private = tweak.pop("private_cache", False)      # as for any stranger's submission
         for key, val in tweak.items():
             for n in steps:
                 setattr(conf.steps[n], key, val)
         t0 = time.monotonic()
         g = Grader(conf, hidden=str(hidden) if hidden else None, jobs=1, threads=1,
-                   cache=str(cache)).grade(folder, steps)
+                   cache=None if private else str(cache)).grade(folder, steps)
         return name, g, time.monotonic() - t0
 
     with ThreadPoolExecutor(2) as pool:
