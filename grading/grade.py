@@ -24,7 +24,7 @@ from attnlib.contract import STEPS
 
 from . import sandbox
 from .config import Config, Group
-from .evaluate import (ERROR, FAILED, LOST, NOT_IMPLEMENTED, PASSED, CheckResult, Evaluator, RuleResult,
+from .evaluate import (ERROR, FAILED, LOST, NOT_IMPLEMENTED, CheckResult, Evaluator, RuleResult,
                        evaluate_rules)
 from .spec import RULES, STEP_SPECS, Item, build_items, step_needs_gpu
 

@@ -136,9 +136,9 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
     tests = []
     for s in g.steps:
         if s.status in UNCOUNTED:
-            tests.append({"name": f"Step {s.step:02d} ({s.title})", "number": f"{s.step}",
-                          "score": 0.0, "max_score": 0.0, "status": "passed" if s.status == "not released" else "failed",
-                          "output": s.message, "tags": [f"step{s.step:02d}"], "visibility": "visible"})
+            tests.append({"name": f"Step {s.step:02d} ({s.title})", "number": f"{s.step}",     # 0/0: informational
+                          "score": 0.0, "max_score": 0.0, "output": s.message,
+                          "tags": [f"step{s.step:02d}"], "visibility": "visible"})
             continue
         for j, gr in enumerate(s.groups, 1):
             if not gr.graded:
