@@ -292,12 +292,14 @@ def test_saves_exactly_one_lse(load, fn):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.parametrize("device,dtype", device_dtype_params(), ids=lambda x: str(x).replace("torch.", ""))
 @pytest.mark.parametrize("nq,nk,is_causal", [(100, 100, True), (17, 40, False)], ids=str)
-def test_compiled(load, nq, nk, is_causal):
+def test_compiled(load, nq, nk, is_causal, device, dtype):
     """The strip steps through torch.compile. The first test compiles a handful of small graphs
     (about 20-30 s on a CPU); the second reuses most of them. One batch shape for both: a
     dimension of size 1 is specialized, so another batch shape would compile again."""
     m = load(4)
-    q, k, v = make_qkv(B=1, H=2, Nq=nq, Nk=nk, D=32, seed=7)
+    # On the H200 (2026-11-29) bf16 inputs raised an InductorError here: the GPU rows keep it in view.
+    q, k, v = make_qkv(B=1, H=2, Nq=nq, Nk=nk, D=32, seed=7, dtype=dtype, device=device)
     check_attention(partial(m.attention_compiled, block_q=16, block_k=16), q, k, v,
                     is_causal=is_causal, tile=16)
