@@ -28,3 +28,23 @@ def setup(impl: str | None = None):
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (small sizes)"
     print(f"implementation: {impl_root()}\ndevice: {name}; torch {torch.__version__}")
     return load_step, device, device == "cpu"
+
+
+def median_ms(fn, device, reps=5):
+    """Median wall-clock milliseconds of ``fn()`` after two warm-up calls, synchronising on a GPU.
+
+    Good enough for the notebooks' curves; ``bench/`` times with CUDA events (do_bench).
+    """
+    import time
+    for _ in range(2):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[len(times) // 2]

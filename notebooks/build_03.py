@@ -17,7 +17,7 @@ In this notebook you will:
 import os
 IMPL = os.environ.get("ATTN_IMPL", "steps")     # "steps": your code; "solutions": the course's
 
-from attnlib.nb import setup
+from attnlib.nb import setup, median_ms as nb_median_ms
 load_step, device, small = setup(IMPL)
 
 import torch
@@ -51,14 +51,7 @@ backend but "math" refuses some attention masks. On a CPU only "math" and a CPU 
 ("code", r"""
 import time
 def median_ms(f, reps=5):
-    for _ in range(2): f()
-    if device == "cuda": torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter(); f()
-        if device == "cuda": torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return sorted(ts)[len(ts) // 2]
+    return nb_median_ms(f, device, reps)
 
 dtype = torch.float32 if small else torch.bfloat16
 Ns = [128, 256, 512, 1024] if small else [1024, 2048, 4096, 8192, 16384]
