@@ -153,6 +153,22 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
     idx = {"dq": 0, "dk": 1, "dv": 2}[quantity]
     yield "the D = rowsum(dO * O) term is missing from dS (dS = P * dP instead of P * (dP - D))", \
         _grads_from_p(p, q, k, v, do, o, scale, use_D=False)[idx]
+    # Overwriting instead of accumulating: only one tile's share survives.
+    dp = do @ v.transpose(-2, -1)
+    ds = p * (dp - (do * o).sum(dim=-1, keepdim=True))
+    for b in tiles:
+        if quantity == "dq" and b < nk:
+            # dQ of row i keeps only the last key tile that row i sees.
+            last = torch.arange(nq).clamp(max=nk - 1) if is_causal else torch.full((nq,), nk - 1)
+            keep = (torch.arange(nk)[None, :] // b) == (last[:, None] // b)
+            yield (f"dQ is overwritten instead of accumulated across key tiles (dq = ... instead of "
+                   f"dq += ...): only the last key tile's share survives (Bk={b})"), \
+                scale * (ds * keep) @ k
+        if quantity in ("dk", "dv") and b < nq:
+            keep = ((torch.arange(nq) // b) == ((nq - 1) // b))[:, None]      # the last query tile
+            part = (scale * (ds * keep).transpose(-2, -1) @ q) if quantity == "dk" else (p * keep).transpose(-2, -1) @ do
+            yield (f"{quantity} is overwritten instead of accumulated across query tiles: only the last "
+                   f"query tile's share survives (Bq={b})"), part
     if is_causal:
         p_unmasked = torch.exp(_scores(q, k, scale, None) - lse[..., None])
         yield "the causal mask is missing when P is recomputed in the backward", \

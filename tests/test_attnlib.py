@@ -134,3 +134,25 @@ def test_diagnosis_skips_all_zero_candidates():
     zeros_dv = torch.zeros_like(v)
     hint = likely_bug("dv", zeros_dv, q, k, v, is_causal=False, scale=0.25, dout=do)
     assert hint is None or "swapped" not in hint
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_diagnosis_names_overwritten_gradients(is_causal):
+    """A backward that assigns where it should accumulate keeps only one tile's share."""
+    q, k, v = make_qkv(1, 2, 40, 40, 16, dtype=torch.float64)
+    do = make_dout(q)
+    s = (q @ k.transpose(-2, -1)) * 0.25
+    if is_causal:
+        s = s.masked_fill(torch.ones(40, 40, dtype=torch.bool).tril().logical_not(), -math.inf)
+    p = torch.softmax(s, -1)
+    o = p @ v
+    ds = p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    for k0 in range(0, 40, 16):                      # strips: dq[rows] = share of this key tile
+        rows = slice(k0 if is_causal else 0, 40)
+        dq[..., rows, :] = 0.25 * ds[..., rows, k0:k0 + 16] @ k[..., k0:k0 + 16, :]
+    for q0 in range(0, 40, 16):                      # loops: dk = share of this query tile
+        dk = 0.25 * ds[..., q0:q0 + 16, :].transpose(-2, -1) @ q[..., q0:q0 + 16, :]
+    assert "dQ is overwritten" in likely_bug("dq", dq, q, k, v, is_causal=is_causal, scale=0.25, dout=do, tile=16)
+    assert "dk is overwritten" in likely_bug("dk", dk, q, k, v, is_causal=is_causal, scale=0.25, dout=do, tile=16)
