@@ -75,3 +75,34 @@ def check_lse(lse, q, k, v, *, is_causal=False, scale=None, tile=None):
                  row_dim=-1, row_label="query rows", tile=tile, context=ctx,
                  hint=lambda: likely_bug("lse", lse, q, k, v, is_causal=is_causal, scale=s, tile=tile,
                                          row_dim=-1))
+
+
+def check_saved_lse(out, q, k, v, *, is_causal, function_name, tile=None):
+    """The autograd contract of steps 04-07: ``out`` came from ``function_name``'s Function, which
+    saved exactly one float32 LSE shaped ``(..., Nq)``, nothing as large as the score matrix, and
+    that LSE is the log-sum-exp itself (not the running max m or the sum l)."""
+    __tracebackhide__ = True
+    node = out.grad_fn
+    name = type(node).__name__ if node is not None else "None"
+    if name != f"{function_name}Backward":          # autograd names a Function's node <Name>Backward
+        raise AssertionError(
+            f"the output's grad_fn is {name}, not {function_name}'s backward: return the Function's "
+            "output directly (cast and reshape inside forward, not after apply)")
+    saved = node.saved_tensors
+    nq, nk = q.shape[-2], k.shape[-2]
+    lse_shape = tuple(q.shape[:-1])
+    lse_like = [t for t in saved if tuple(t.shape) == lse_shape]
+    shapes = [f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" for t in saved]
+    if len(lse_like) != 1:
+        raise AssertionError(
+            f"save exactly one tensor shaped like the LSE {lse_shape} (ctx.save_for_backward(q, k, v, o, L)); "
+            f"saved: {shapes or 'nothing'}")
+    if lse_like[0].dtype != torch.float32:
+        raise AssertionError(f"save the LSE in float32 (it was {lse_like[0].dtype}): it rebuilds "
+                             "P = exp(S - L) in the backward")
+    n_bh = q.shape[:-2].numel()
+    big = [s for t, s in zip(saved, shapes) if t.numel() >= n_bh * nq * nk]
+    if big:
+        raise AssertionError(f"a saved tensor is as large as the score matrix ({', '.join(big)}): the "
+                             "backward recomputes P from Q, K and the LSE; do not save S or P")
+    check_lse(lse_like[0], q, k, v, is_causal=is_causal, tile=tile)

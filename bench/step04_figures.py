@@ -44,14 +44,12 @@ import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
-import weakref  # noqa: E402
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from attnlib import make_dout, make_qkv  # noqa: E402
 from attnlib.loader import load_step  # noqa: E402
+from attnlib.memory import LiveBytes  # noqa: E402
 
 IMPLS = {                      # name -> (step, function name, takes tile sizes)
     "naive": (1, "attention", False),
@@ -63,39 +61,7 @@ MODES = ("fwd", "fwd+bwd")
 
 
 # --- measuring ---------------------------------------------------------------------------------
-
-class LiveBytes(TorchDispatchMode):
-    """CPU stand-in for the allocator's peak: bytes of storages created under the mode and alive.
-
-    Storages that existed before (the inputs) are not counted; a storage's bytes are
-    subtracted by a finalizer when it is freed.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.live = self.peak = 0
-        self.known = set()
-
-    def _free(self, key, n):
-        self.known.discard(key)
-        self.live -= n
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor):
-                self.known.add(id(t.untyped_storage()))
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                if id(st) not in self.known:
-                    n = st.nbytes()
-                    self.known.add(id(st))
-                    weakref.finalize(st, self._free, id(st), n)
-                    self.live += n
-                    self.peak = max(self.peak, self.live)
-        return out
-
+# On a CPU, peak memory comes from attnlib.memory.LiveBytes.
 
 def _sync(device):
     if device == "cuda":

@@ -29,7 +29,7 @@ IMPL = os.environ.get("ATTN_IMPL", "steps")
 from attnlib.nb import setup
 load_step, device, small = setup(IMPL)
 
-import math, time, weakref
+import math, time
 import torch
 import matplotlib.pyplot as plt
 from attnlib import make_qkv, make_dout, reference_attention
@@ -153,36 +153,7 @@ Time: on a GPU, the median of `triton.testing.do_bench`; on a CPU, the fastest o
 a shared CPU adds noise that only ever makes a run slower. Trust the GPU numbers for speed.
 """),
 ("code", r"""
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
-class LiveBytes(TorchDispatchMode):
-    # Peak bytes of storages created under the mode and still alive, and the largest one.
-    def __init__(self):
-        super().__init__()
-        self.live = self.peak = self.largest = 0
-        self.known = set()                         # ids of storages already counted (or pre-existing)
-
-    def _free(self, key, n):
-        self.known.discard(key)
-        self.live -= n
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        for t in tree_leaves((args, kwargs)):     # inputs made before the mode are not ours to count
-            if isinstance(t, torch.Tensor):
-                self.known.add(id(t.untyped_storage()))
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                if id(st) not in self.known:
-                    n = st.nbytes()
-                    self.known.add(id(st))
-                    weakref.finalize(st, self._free, id(st), n)
-                    self.live += n
-                    self.peak = max(self.peak, self.live)
-                    self.largest = max(self.largest, n)
-        return out
+from attnlib.memory import LiveBytes          # counts live storages under a TorchDispatchMode
 
 def fwd_bwd(fn, q, k, v, do):
     q.grad = k.grad = v.grad = None

@@ -156,3 +156,15 @@ def test_diagnosis_names_overwritten_gradients(is_causal):
         dk = 0.25 * ds[..., q0:q0 + 16, :].transpose(-2, -1) @ q[..., q0:q0 + 16, :]
     assert "dQ is overwritten" in likely_bug("dq", dq, q, k, v, is_causal=is_causal, scale=0.25, dout=do, tile=16)
     assert "dk is overwritten" in likely_bug("dk", dk, q, k, v, is_causal=is_causal, scale=0.25, dout=do, tile=16)
+
+
+def test_live_bytes_sees_the_score_matrix_and_its_release():
+    from attnlib.memory import LiveBytes
+    q, k, v = make_qkv(1, 2, 256, 256, 16)
+    with LiveBytes() as w:
+        s = q @ k.transpose(-2, -1)                  # (1, 2, 256, 256) fp32: 512 KiB
+        o = torch.softmax(s, -1) @ v
+        del s
+    assert w.largest == 2 * 256 * 256 * 4
+    assert w.peak >= 2 * w.largest                   # S and softmax(S) alive together
+    assert w.live == o.untyped_storage().nbytes()    # only O is still alive

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlib.cases import CASES, device_dtype_params
-from attnlib.checks import check_attention, check_lse
+from attnlib.checks import check_attention, check_lse, check_saved_lse
 from attnlib.inputs import make_dout, make_qkv
 from attnlib.loader import load_step
 
@@ -266,25 +266,7 @@ def test_saves_exactly_one_lse(load, fn):
     nq, nk = 100, 60
     q, k, v = make_qkv(B=1, H=2, Nq=nq, Nk=nk, D=16, requires_grad=True)
     out = getattr(m, fn)(q, k, v, is_causal=True, block_q=32, block_k=32)
-    node = out.grad_fn
-    assert node is not None and "FlashAttention2Torch" in type(node).__name__, (
-        f"the output's grad_fn is {type(node).__name__}, not FlashAttention2Torch's backward: return "
-        "the Function's output directly (cast and reshape inside forward, not after apply)")
-    saved = node.saved_tensors
-    lse_shape = tuple(q.shape[:-1])
-    lse_like = [t for t in saved if tuple(t.shape) == lse_shape]
-    shapes = [f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" for t in saved]
-    assert len(lse_like) == 1, (
-        f"save exactly one tensor shaped like the LSE {lse_shape} (ctx.save_for_backward(q, k, v, o, L)); "
-        f"saved: {shapes or 'nothing'}")
-    assert lse_like[0].dtype == torch.float32, (
-        f"save the LSE in float32 (it was {lse_like[0].dtype}): it rebuilds P = exp(S - L) in the backward")
-    n_bh = q.shape[:-2].numel()
-    big = [s for t, s in zip(saved, shapes) if t.numel() >= n_bh * nq * nk]
-    assert not big, (f"a saved tensor is as large as the score matrix ({', '.join(big)}): the backward "
-                     "recomputes P from Q, K and the LSE; do not save S or P")
-    # ...and it is the log-sum-exp itself, not the running max m or the sum l.
-    check_lse(lse_like[0], q, k, v, is_causal=True, tile=32)
+    check_saved_lse(out, q, k, v, is_causal=True, function_name="FlashAttention2Torch", tile=32)
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 
 from attnlib import make_qkv, reference_attention  # noqa: E402
 from attnlib.cases import Case  # noqa: E402
-from attnlib.checks import check_attention, check_lse  # noqa: E402
+from attnlib.checks import check_attention, check_lse, check_saved_lse  # noqa: E402
 from attnlib.compare import assert_close  # noqa: E402
 
 pytestmark = [pytest.mark.step05,
@@ -151,17 +151,8 @@ def test_saves_exactly_one_lse(load):
     """The autograd contract: one float32 (..., Nq) tensor saved, and nothing Nq x Nk."""
     step = load(5)
     q, k, v = make_qkv(2, 2, 24, 40, 16, device=DEVICE, requires_grad=True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = step.attention(q, k, v, is_causal=True)
-    lse_like = [t for t in saved if tuple(t.shape) == tuple(q.shape[:-1])]
-    assert len(lse_like) == 1, (f"save exactly one LSE shaped {tuple(q.shape[:-1])}; saved shapes: "
-                                f"{[tuple(t.shape) for t in saved]}")
-    assert lse_like[0].dtype == torch.float32, f"the LSE must be float32, got {lse_like[0].dtype}"
-    assert not any(t.numel() >= 24 * 40 * 4 and t.shape[-2:] == (24, 40) for t in saved), \
-        "an Nq x Nk tensor was saved: the backward must recompute P from the LSE"
-    assert out.grad_fn is not None and "FlashAttention" in type(out.grad_fn).__name__, (
-        f"the output's grad_fn is {type(out.grad_fn).__name__}: go through the autograd Function")
+    out = step.attention(q, k, v, is_causal=True)
+    check_saved_lse(out, q, k, v, is_causal=True, function_name="FlashAttentionTritonFwd")
 
 
 # --- GPU only ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from attnlib import make_dout, make_qkv, reference_backward  # noqa: E402
 from attnlib.cases import Case  # noqa: E402
-from attnlib.checks import check_attention  # noqa: E402
+from attnlib.checks import check_attention, check_saved_lse  # noqa: E402
 from attnlib.compare import assert_close  # noqa: E402
 
 pytestmark = [pytest.mark.step06,
@@ -155,15 +155,8 @@ def test_triton_kernels_run(load, monkeypatch):
 def test_saves_exactly_one_lse(load):
     step = load(6)
     q, k, v = make_qkv(2, 2, 24, 40, 16, device=DEVICE, requires_grad=True)
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        out = step.attention(q, k, v, is_causal=True)
-    lse_like = [t for t in saved if tuple(t.shape) == tuple(q.shape[:-1])]
-    assert len(lse_like) == 1, (f"save exactly one LSE shaped {tuple(q.shape[:-1])}; saved shapes: "
-                                f"{[tuple(t.shape) for t in saved]}")
-    assert lse_like[0].dtype == torch.float32, f"the LSE must be float32, got {lse_like[0].dtype}"
-    assert not any(t.shape[-2:] == (24, 40) for t in saved), "an Nq x Nk tensor was saved"
-    assert type(out.grad_fn).__name__.startswith("FlashAttentionTriton"), type(out.grad_fn).__name__
+    out = step.attention(q, k, v, is_causal=True)
+    check_saved_lse(out, q, k, v, is_causal=True, function_name="FlashAttentionTriton")
 
 
 def test_bad_dq_mode(load):
