@@ -243,19 +243,18 @@ def backward_loops(q, k, v, o, lse, do, is_causal, scale, block_q, block_k):
 # 2. Query tiles together: one loop over key tiles, on Nq x Bk strips
 # ---------------------------------------------------------------------------
 
-def forward_step(q, k, v, m, l, acc, r0, k0, k1, scale, mask=None):
-    """Fold key tile [k0, k1) into the running (m, l, acc) of query rows r0.., in place."""
-    s = scores(q[..., r0:, :], k[..., k0:k1, :], scale, mask)    # (..., Nq - r0, Bk)
-    m[..., r0:], l[..., r0:], acc[..., r0:, :] = online_softmax_update(
-        m[..., r0:], l[..., r0:], acc[..., r0:, :], s, v[..., k0:k1, :])
+def forward_step(q, k, v, m, l, acc, scale, mask=None):
+    """One key tile against a strip of query rows: the strip's new ``(m, l, acc)``.
+
+    A pure function of its inputs (views of the strip and of the tile); the caller
+    writes the result back. That keeps it easy to compile (version 3).
+    """
+    return online_softmax_update(m, l, acc, scores(q, k, scale, mask), v)
 
 
-def backward_step(q, k, v, do, lse, d, dq, dk, dv, r0, k0, k1, scale, mask=None):
-    """Key tile [k0, k1) against query rows r0..: its dK and dV, and its share of dQ, in place."""
-    dq_r, dk[..., k0:k1, :], dv[..., k0:k1, :] = backward_tile(
-        q[..., r0:, :], k[..., k0:k1, :], v[..., k0:k1, :], do[..., r0:, :],
-        lse[..., r0:], d[..., r0:], scale, mask)
-    dq[..., r0:, :] += dq_r
+def backward_step(q, k, v, do, lse, d, scale, mask=None):
+    """One key tile against a strip of query rows: ``(dq, dk, dv)`` of ``backward_tile``."""
+    return backward_tile(q, k, v, do, lse, d, scale, mask)
 
 
 def forward_strips(q, k, v, is_causal, scale, block_q, block_k, step=forward_step):
@@ -275,7 +274,9 @@ def forward_strips(q, k, v, is_causal, scale, block_q, block_k, step=forward_ste
             break                                                # no query sees these keys
         k1 = min(k0 + block_k, nk)
         r0, mask = strip_rows(k0, k1, nq, block_q, is_causal, q.device)
-        step(q, k, v, m, l, acc, r0, k0, k1, scale, mask)
+        m[..., r0:], l[..., r0:], acc[..., r0:, :] = step(
+            q[..., r0:, :], k[..., k0:k1, :], v[..., k0:k1, :], m[..., r0:], l[..., r0:], acc[..., r0:, :],
+            scale, mask)
     o, lse = finalize(m, l, acc)
     return o.to(dtype), lse
 
@@ -296,7 +297,10 @@ def backward_strips(q, k, v, o, lse, do, is_causal, scale, block_q, block_k, ste
             break                                                # these keys get no gradient: 0
         k1 = min(k0 + block_k, nk)
         r0, mask = strip_rows(k0, k1, nq, block_q, is_causal, q.device)
-        step(q, k, v, do, lse, d, dq, dk, dv, r0, k0, k1, scale, mask)
+        dq_r, dk[..., k0:k1, :], dv[..., k0:k1, :] = step(
+            q[..., r0:, :], k[..., k0:k1, :], v[..., k0:k1, :], do[..., r0:, :], lse[..., r0:], d[..., r0:],
+            scale, mask)
+        dq[..., r0:, :] += dq_r
     return dq, dk, dv
 
 
@@ -307,10 +311,14 @@ def backward_strips(q, k, v, o, lse, do, is_causal, scale, block_q, block_k, ste
 # grows with Nk / Bk and so does the compile time (on a 2-core CPU, 8, 16 and 32
 # key tiles took 54, 125 and 212 s for forward + backward), and every new N compiles
 # again. Compiling one step instead gives a few small graphs shared by every N.
-# The steps take the whole tensors and integer offsets, not views, so a strip's
-# strides and storage offset never reach the graph's guards; ``dynamic=True`` keeps
-# the offsets symbolic. A handful of variants remain per step (no mask, r0 == 0,
-# a band that covers every remaining row), all float32, since the strips upcast once.
+# The steps are pure functions of the strip: they take views and return new
+# tensors, and the eager loop above writes them back. (A first version compiled
+# the in-place writes ``m[..., r0:] = ...`` with a symbolic r0 too: on a CPU that
+# worked, on the H200 Inductor's GPU code generator failed on it with an
+# AssertionError in its tiling analysis, torch 2.11, for every dtype.)
+# ``dynamic=True`` keeps the strip's length and offset symbolic. A handful of
+# variants remain per step (no mask, r0 == 0, a band that covers every remaining
+# row), all float32, since the strips upcast once.
 
 _compiled_steps = None
 
