@@ -90,8 +90,26 @@ def time_ms(fn, device) -> float:
 
 # --- implementations ------------------------------------------------------------------------
 
+RECOMPILE_LIMIT = 64
+
+
+def no_silent_eager():
+    """Make torch.compile fail loudly instead of falling back to eager.
+
+    Past ``recompile_limit`` recompilations of one function (8 by default), Dynamo warns once
+    and runs the function *eagerly* from then on. A suite visits dozens of shapes; on the
+    H200 grid (2026-11-30) the compiled naive attention hit the limit at N = 4096 and its
+    rows there matched the eager ones to four digits. Here every shape may compile (up to
+    ``RECOMPILE_LIMIT``), and past that the call raises, so a row says "error", never a
+    wrong "compiled" time.
+    """
+    import torch._dynamo.config as dcfg
+    dcfg.recompile_limit = max(dcfg.recompile_limit, RECOMPILE_LIMIT)
+    dcfg.fail_on_recompile_limit_hit = True
+
 def implementations(impl_root="solutions", device="cpu"):
     """name -> callable(q, k, v, is_causal) -> o, for every step and SDPA backend available."""
+    no_silent_eager()
     impls = {}
 
     def add(name, step, **kw):
@@ -156,6 +174,8 @@ def measure(name, fn, *, B, H, N, D, causal, dtype, device, modes=("fwd", "fwd+b
                     del o
         except torch.OutOfMemoryError:
             row.status = "oom"
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            row.status = f"error: torch.compile recompiled more than {RECOMPILE_LIMIT} times (not timed eagerly)"
         except (RuntimeError, ValueError, NotImplementedError) as e:
             msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
             row.status = ("oom" if "out of memory" in msg.lower() else

@@ -50,6 +50,7 @@ import torch  # noqa: E402
 from attnlib import make_dout, make_qkv  # noqa: E402
 from attnlib.loader import load_step  # noqa: E402
 from attnlib.memory import LiveBytes  # noqa: E402
+from bench.core import no_silent_eager  # noqa: E402
 
 IMPLS = {                      # name -> (step, function name, takes tile sizes)
     "naive": (1, "attention", False),
@@ -118,6 +119,7 @@ def measure(fn, q, k, v, do, mode, device, compiled):
 
 
 def run(args, device):
+    no_silent_eager()                   # a compiled row is compiled, or it says error
     steps = {n: load_step(n, "solutions") for n in sorted({s for s, _, _ in IMPLS.values()})}
     fns = {}
     for name in args.impls:
@@ -267,10 +269,45 @@ def machine(device):
     return info
 
 
+def merge(paths, out):
+    """One figure from several runs of this script (each row keeps its run's date)."""
+    merged, runs = {}, []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        runs.append({"file": str(path), **data["machine"], "settings": data["settings"]})
+        for r in data["rows"]:
+            r.setdefault("date", data["machine"]["date"])
+            merged[(r["impl"], r["mode"], r["dtype"], r["causal"], r["N"])] = r
+    order = {n: i for i, n in enumerate(IMPLS)}
+    rows = sorted(merged.values(), key=lambda r: (r["dtype"] != "float32", r["causal"], r["N"],
+                                                  order.get(r["impl"], 99), r["mode"]))
+    gpus = sorted({str(r.get("gpu")) for r in runs})
+    if len(gpus) > 1:
+        raise SystemExit(f"refusing to merge runs from different machines: {gpus}")
+    first = runs[0]
+    s = first["settings"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "step04_figures.json").write_text(json.dumps(
+        {"machine": {k: v for k, v in first.items() if k not in ("file", "settings")}, "settings": s,
+         "runs": runs, "rows": rows}, indent=1, default=str))
+    dates = sorted({r["date"] for r in runs})
+    title = (f"{first['gpu'] or 'CPU'}, torch {first['torch']}, {' / '.join(dates)}: B={s['B']}, H={s['H']}, "
+             f"D={s['D']}, {s['mask']}; step 04 tiles {s['block_q']}x{s['block_k']}")
+    plot(rows, out / "step04_figures.png", title)
+    print(table(rows))
+    print()
+    print(claims(rows))
+    print(f"\nwrote {out / 'step04_figures.json'} and {out / 'step04_figures.png'} from {len(paths)} runs")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for step04_figures.json and .png")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                    help="measure nothing: merge these step04_figures.json files (a later file's row replaces "
+                         "an earlier one of the same impl, mode, dtype, mask and N), redraw the plot")
     ap.add_argument("--small", action="store_true", help="CPU sizes: N in {128, 256, 512}, H=2, fp32")
     ap.add_argument("--N", type=int, nargs="+", help="sequence lengths (default 1024 4096 16384)")
     ap.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"],
@@ -283,6 +320,8 @@ def main(argv=None):
     ap.add_argument("--block-q", type=int, help="step 04's Bq (default 128 on CUDA, 64 on a CPU)")
     ap.add_argument("--block-k", type=int, help="step 04's Bk (default 128 on CUDA, 64 on a CPU)")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.small:
