@@ -3,6 +3,7 @@
     python -m bench                      # CPU: a small sweep (~1 min); GPU: all three suites
     python -m bench sweep|grid|leaderboard [--impls naive,step04] [--out results/run]
     python -m bench plot results/h200    # redraw the PNGs from the JSON, no GPU needed
+    python -m bench merge OUT A/results.json B/results.json   # runs cut short by their budget, as one
     python -m bench profile --impl step04 --N 1024 [--causal] [--bwd]
 
 Suites
@@ -122,12 +123,34 @@ def draw(rows, out: Path, ceilings=None):
     return [m for m in made if m]
 
 
+def merge_rows(runs):
+    """Rows of several runs of one suite on one machine as one table, oldest run first.
+
+    A measured row replaces a row of the same measurement that was skipped or failed; between
+    two measured rows the later run wins. Each row keeps its own machine block (its date) and
+    its ratio to SDPA-FLASH, which was computed against SDPA-FLASH in *its* run. Runs on
+    different GPUs are refused: their times are not comparable.
+    """
+    gpus = {r.machine.get("gpu") for rows in runs for r in rows}
+    if len(gpus) > 1:
+        raise SystemExit(f"refusing to merge runs from different machines: {sorted(map(str, gpus))}")
+    out = {}
+    for rows in runs:
+        for r in rows:
+            key = (r.suite, r.impl, r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal)
+            old = out.get(key)
+            if old is None or r.status == "ok" or old.status != "ok":
+                out[key] = r
+    return list(out.values())
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("suite", nargs="?", default="default",
-                    choices=["default", "sweep", "grid", "leaderboard", "plot", "profile"])
-    ap.add_argument("path", nargs="?", help="for `plot`: the folder holding results.json")
+                    choices=["default", "sweep", "grid", "leaderboard", "plot", "profile", "merge"])
+    ap.add_argument("path", nargs="?", help="for `plot`: the folder holding results.json; for `merge`: the output folder")
+    ap.add_argument("inputs", nargs="*", type=Path, help="for `merge`: the results.json files, oldest first")
     ap.add_argument("--impls", help="comma-separated implementations (default: all that run here)")
     ap.add_argument("--impl", default=None, help="for `profile`: one implementation")
     ap.add_argument("--code", default="solutions", help="steps, solutions or a folder (default: solutions)")
@@ -140,6 +163,18 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting measurements after this many seconds (rows left say so)")
     args = ap.parse_args(argv)
+
+    if args.suite == "merge":
+        if not args.path or len(args.inputs) < 2:
+            ap.error("merge needs an output folder and at least two results.json files")
+        folder = Path(args.path)
+        rows = merge_rows([core.load_rows(p) for p in args.inputs])
+        core.save(rows, folder / "results.json", folder / "results.csv")
+        print(core.table(rows))
+        for p in draw(rows, folder):
+            print("wrote", p)
+        print(f"wrote {folder / 'results.json'}: {len(rows)} rows from {len(args.inputs)} runs")
+        return 0
 
     if args.suite == "plot":
         folder = Path(args.path or "results/h200")

@@ -290,8 +290,8 @@ def merge(paths, out):
     (out / "step04_figures.json").write_text(json.dumps(
         {"machine": {k: v for k, v in first.items() if k not in ("file", "settings")}, "settings": s,
          "runs": runs, "rows": rows}, indent=1, default=str))
-    dates = sorted({r["date"] for r in runs})
-    title = (f"{first['gpu'] or 'CPU'}, torch {first['torch']}, {' / '.join(dates)}: B={s['B']}, H={s['H']}, "
+    dates = sorted({r["date"] for r in rows})
+    title = (f"{first['gpu'] or 'CPU'}, torch {first['torch']}, runs of {', '.join(dates)}\nB={s['B']}, H={s['H']}, "
              f"D={s['D']}, {s['mask']}; step 04 tiles {s['block_q']}x{s['block_k']}")
     plot(rows, out / "step04_figures.png", title)
     print(table(rows))

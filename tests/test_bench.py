@@ -52,3 +52,26 @@ def test_compiled_rows_never_time_an_eager_fallback(monkeypatch):
     torch._dynamo.reset()
     assert [r.status for r in rows[:2]] == ["ok", "ok"]
     assert rows[2].status.startswith("error: torch.compile recompiled") and rows[2].ms is None
+
+
+def test_merge_keeps_measured_rows_and_refuses_other_gpus():
+    from bench.__main__ import merge_rows
+    m = {"gpu": "G", "date": "d1"}
+    a = [core.Row(impl="x", mode="fwd", dtype="float32", B=1, H=1, N=n, D=8, causal=False, suite="sweep",
+                  ms=1.0 if n == 1 else None, status="ok" if n == 1 else "skipped: budget", machine=m)
+         for n in (1, 2)]
+    b = [core.Row(impl="x", mode="fwd", dtype="float32", B=1, H=1, N=n, D=8, causal=False, suite="sweep",
+                  ms=None if n == 1 else 2.0, status="skipped: budget" if n == 1 else "ok",
+                  machine={"gpu": "G", "date": "d2"})
+         for n in (1, 2)]
+    merged = {r.N: r for r in merge_rows([a, b])}
+    assert (merged[1].ms, merged[1].machine["date"]) == (1.0, "d1")     # a skip never hides a measurement
+    assert (merged[2].ms, merged[2].machine["date"]) == (2.0, "d2")
+    import pytest
+    with pytest.raises(SystemExit, match="different machines"):
+        merge_rows([a, [dataclasses_replace(b[0], machine={"gpu": "other"})]])
+
+
+def dataclasses_replace(row, **kw):
+    import dataclasses
+    return dataclasses.replace(row, **kw)
