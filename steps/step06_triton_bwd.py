@@ -13,16 +13,26 @@ recomputes the probabilities tile by tile from them, never storing P:
 Three launches:
 
 1. ``_bwd_preprocess``: D for every query row, one pass over O and dO.
-2. ``_bwd_dkdv_kernel``: one program per key tile. It holds K_j and V_j on chip,
-   loops over the query tiles that see them, and accumulates dK_j and dV_j in
-   fp32 registers: they are finished when the loop ends, written once, no race.
+2. ``_bwd_dkdv_kernel``: one program per key tile (``_dkdv_tile``). It holds K_j
+   and V_j on chip, loops over the query tiles that see them, and accumulates
+   dK_j and dV_j in fp32 registers: they are finished when the loop ends, written
+   once, no race.
 3. dQ needs a sum over key tiles, but each key tile belongs to another program.
-   Two ways, both here (``dq_mode``):
-   * ``"separate"`` (default): ``_bwd_dq_kernel``, one program per query tile,
-     loops over key tiles like the forward. Recomputes S and dP a second time:
-     7 tile matrix products per (query tile, key tile) pair instead of 5, about
-     40% more arithmetic, but every dQ element is written once, by one program:
-     deterministic, no atomics.
+   Three ways, all here (``dq_mode``):
+   * ``"separate"`` (default): ``_bwd_dq_kernel``, one program per query tile
+     (``_dq_tile``), loops over key tiles like the forward. Recomputes S and dP a
+     second time: 7 tile matrix products per (query tile, key tile) pair instead
+     of 5, about 40% more arithmetic, but every dQ element is written once, by one
+     program: deterministic, no atomics.
+   * ``"fused"``: the same work as "separate" (the same 7 products per pair, the
+     same deterministic writes), in one launch instead of two:
+     ``_bwd_fused_kernel``'s program j does dK/dV of key tile j, then dQ of query
+     tile j (as the Triton tutorial 06-fused-attention's ``_attn_bwd``). Causal,
+     key tile j's work grows with N - j and query tile j's with j, so every
+     program does about the same total: no short programs at the end of the
+     launch, and no second launch that waits for the first to drain. Its cost:
+     one num_warps / num_stages for both phases (the separate kernels tune them
+     apart).
    * ``"atomic"``: ``_bwd_dkdv_kernel`` also computes ``dS K_j`` for each query
      tile and adds it into an fp32 dQ buffer with ``tl.atomic_add``. No
      recomputation, but (a) programs of the same head add into the same rows at
@@ -46,7 +56,7 @@ PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid, 0.6-0.9x cuD
 Known short of its targets: the CS336 leaderboard shape (B=1, H=16, N=16k, D=64,
 causal) takes 5.8 ms against 5.36 ms. What would close the gap, and is not done
 here: TMA loads and warp specialization (what cuDNN and FlashAttention-3 use on
-Hopper), and one launch for dK/dV and dQ.
+Hopper). The one-launch backward (``dq_mode="fused"``) is here but not measured yet.
 """
 
 import torch
@@ -122,37 +132,14 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
 
 
 @triton.jit
-def _bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,                  # LSE, DELTA: (B*H, Nq) fp32; DQ: fp32 buffer or unused
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_dkb, stride_dkh, stride_dkn, stride_dkd,       # dK and dV share one layout (both made here)
-    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    H, N_Q, N_K, scale, qk_scale,                         # softmax scale, and scale * log2(e)
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,                                # query rows per loop step
-    BLOCK_N: tl.constexpr,                                # key rows per program
-    BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
+def _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,      # pointers to this (batch, head)'s matrices
+               stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+               stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
+               start_n, N_Q, N_K, scale, qk_scale,       # this tile's first key row
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK and dV of key rows [start_n, start_n + BLOCK_N): the loop over every query tile that sees them."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    pid_n = tl.program_id(0)          # causal: key tile 0 is seen by the most queries and starts first
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    DK += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
-    DV += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
-    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
-    LSE += bh.to(tl.int64) * N_Q
-    DELTA += bh.to(tl.int64) * N_Q
-
-    start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     # K_j and V_j: loaded once, on chip for the whole loop over query tiles.
@@ -182,6 +169,42 @@ def _bwd_dkdv_kernel(
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_range)
 
 
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,                  # LSE, DELTA: (B*H, Nq) fp32; DQ: fp32 buffer or unused
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,       # dK and dV share one layout (both made here)
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, scale, qk_scale,                         # softmax scale, and scale * log2(e)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,                                # query rows per loop step
+    BLOCK_N: tl.constexpr,                                # key rows per program
+    BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)          # causal: key tile 0 is seen by the most queries and starts first
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DK += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DV += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+               stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+               stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
+               pid_n * BLOCK_N, N_Q, N_K, scale, qk_scale,
+               HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+
+
 # %% 3. dQ, second pass --------------------------------------------------------------
 
 @triton.jit
@@ -201,33 +224,14 @@ def _dq_inner(dq, q, do, lse2, delta,                    # fp32 accumulator (BLO
 
 
 @triton.jit
-def _bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_dob, stride_doh, stride_dom, stride_dod,
-    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    H, N_Q, N_K, scale, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
+def _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,                 # pointers to this (batch, head)'s matrices
+             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+             stride_dom, stride_dod, stride_dqm, stride_dqd,
+             start_m, N_Q, N_K, scale, qk_scale,         # this tile's first query row
+             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dQ of query rows [start_m, start_m + BLOCK_M): the loop over the key tiles they see."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m          # heaviest query tiles first, as in the forward
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
-    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
-    LSE += bh.to(tl.int64) * N_Q
-    DELTA += bh.to(tl.int64) * N_Q
-
-    start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
@@ -253,6 +257,89 @@ def _bwd_dq_kernel(
              mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
 
 
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m          # heaviest query tiles first, as in the forward
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,
+             stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+             stride_dom, stride_dod, stride_dqm, stride_dqd,
+             pid_m * BLOCK_M, N_Q, N_K, scale, qk_scale,
+             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, DOT_PRECISION)
+
+
+# %% 4. dK, dV and dQ in one launch -------------------------------------------------
+
+@triton.jit
+def _bwd_fused_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, scale, qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,       # dK/dV phase: query rows per step, key rows per program
+    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,       # dQ phase: query rows per program, key rows per step
+    BLOCK_D: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Program ``pid``: dK, dV of key tile ``pid``, then dQ of query tile ``pid``.
+
+    Causal, square: key tile j sees the queries after it (work ~ N - j), query tile j
+    the keys before it (work ~ j): every program does about the same total when
+    BLOCK_N1 == BLOCK_M2. The grid covers the longer of the two tile counts; a phase
+    whose tile lies past its sequence is skipped.
+    """
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DK += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DV += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    if pid * BLOCK_N1 < N_K:
+        _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+                   stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                   stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
+                   pid * BLOCK_N1, N_Q, N_K, scale, qk_scale,
+                   HEAD_DIM, BLOCK_M1, BLOCK_N1, BLOCK_D, IS_CAUSAL, False, DOT_PRECISION)
+    if pid * BLOCK_M2 < N_Q:
+        _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,
+                 stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                 stride_dom, stride_dod, stride_dqm, stride_dqd,
+                 pid * BLOCK_M2, N_Q, N_K, scale, qk_scale,
+                 HEAD_DIM, BLOCK_M2, BLOCK_N2, BLOCK_D, IS_CAUSAL, DOT_PRECISION)
+
+
 # %% Tile sizes --------------------------------------------------------------------
 #
 # Picked on an H200 by `bench/triton_gpu.py --tune` and `--sweep-leaderboard`
@@ -268,43 +355,68 @@ def _bwd_dq_kernel(
 #     slower (short sequences): every key tile adds a BLOCK_M x D fp32 tile into dQ
 #     through L2, gigabytes of atomic traffic at N=16k. The deterministic second
 #     pass is the default.
+#   * "fused" (one launch for both): not measured yet. Its tiles are the dK/dV
+#     kernel's (BLOCK_M1 x BLOCK_N1) and the dQ kernel's (BLOCK_M2 x BLOCK_N2), on
+#     one num_warps / num_stages for both phases; BLOCK_N1 == BLOCK_M2 balances the
+#     causal work across programs. The entries below are the Triton tutorial's
+#     (06-fused-attention: 32 x 128 and 128 x 32, 4 warps, 5 stages) and, for the
+#     other head dims, the separate kernels' tiles on the larger warp count.
+
+def fused_config(dkdv, dq):
+    """The fused kernel's tiles from the two kernels' ones: dK/dV's tiles, dQ's tiles, dK/dV's warps and stages."""
+    return dict(BLOCK_M1=dkdv["BLOCK_M"], BLOCK_N1=dkdv["BLOCK_N"], BLOCK_M2=dq["BLOCK_M"], BLOCK_N2=dq["BLOCK_N"],
+                num_warps=dkdv["num_warps"], num_stages=dkdv["num_stages"])
+
 
 def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
-    """Tiles and launch options: dict(dkdv=..., dq=..., pre=..., dq_mode=...)."""
+    """Tiles and launch options: dict(dkdv=..., dq=..., fused=..., pre=..., dq_mode=...)."""
     bd = _pow2_dim(d)
     if device_type != "cuda":
         small = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
-        return dict(dkdv=small, dq=small, pre=dict(BLOCK_M=32), dq_mode="separate")
+        return dict(dkdv=small, dq=small, fused=fused_config(small, small), pre=dict(BLOCK_M=32),
+                    dq_mode="separate")
     if dtype == torch.float32:
         # FMA dots, operands in registers: small tiles (see step 05's fwd_config).
         t = 32 if bd <= 32 else 16
         small = dict(BLOCK_M=t, BLOCK_N=t, num_warps=4 if bd <= 64 else 8, num_stages=2)
-        return dict(dkdv=small, dq=small, pre=dict(BLOCK_M=64), dq_mode="separate")
+        return dict(dkdv=small, dq=small, fused=fused_config(small, small), pre=dict(BLOCK_M=64),
+                    dq_mode="separate")
     if bd <= 64:
         dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4) if is_causal else \
             dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4)
         dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+        fused = dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=4, num_stages=5)
     elif bd <= 128:
         dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
         dq = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3)
+        fused = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=8, num_stages=2)
     else:   # D = 256: the accumulators alone fill the registers; 8 warps share them without spilling
         dkdv = dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=2)
         dq = dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
-    return dict(dkdv=dkdv, dq=dq, pre=dict(BLOCK_M=128), dq_mode="separate")
+        fused = fused_config(dkdv, dq)
+    return dict(dkdv=dkdv, dq=dq, fused=fused, pre=dict(BLOCK_M=128), dq_mode="separate")
 
 
 # %% Launchers -----------------------------------------------------------------------
 
+DQ_MODES = ("separate", "atomic", "fused")
+
+
 def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
-    """``(dQ, dK, dV)`` from the saved forward tensors and the upstream gradient ``do``."""
+    """``(dQ, dK, dV)`` from the saved forward tensors and the upstream gradient ``do``.
+
+    ``config`` overrides ``bwd_config``: a dict with ``pre`` and, by ``dq_mode``,
+    ``dkdv`` and ``dq`` (separate), ``dkdv`` (atomic) or ``fused`` (BLOCK_M1, BLOCK_N1,
+    BLOCK_M2, BLOCK_N2, num_warps, num_stages; without it, ``fused_config(dkdv, dq)``).
+    """
     q4, k4, v4, o4, do4 = (as_bhnd(t) for t in (q, k, v, o, do))
     B, H, nq, d = q4.shape
     nk = k4.shape[2]
     bd = _pow2_dim(d)
     cfg = config or bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
     dq_mode = dq_mode or cfg["dq_mode"]
-    if dq_mode not in ("separate", "atomic"):
-        raise ValueError(f"dq_mode must be 'separate' or 'atomic', got {dq_mode!r}")
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode must be 'separate', 'atomic' or 'fused', got {dq_mode!r}")
     prec = _dot_precision(q.dtype)
     lse = lse.reshape(B * H, nq)
     delta = torch.empty((B * H, nq), dtype=torch.float32, device=q.device)
@@ -319,13 +431,23 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
         _bwd_preprocess[(triton.cdiv(nq, bm), B * H)](
             o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
             HEAD_DIM=d, BLOCK_M=bm, BLOCK_D=bd)
-        c = cfg["dkdv"]
-        _bwd_dkdv_kernel[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
-            q4, k4, v4, do4, lse, delta, dk, dv, dq,
-            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dq.stride(),
-            H, nq, nk, scale, scale * LOG2E,
-            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
-            DOT_PRECISION=prec, **c)
+        if dq_mode == "fused":
+            # One program per key tile and query tile: as many as the longer of the two sequences needs.
+            c = cfg.get("fused") or fused_config(cfg["dkdv"], cfg["dq"])
+            grid = (max(triton.cdiv(nk, c["BLOCK_N1"]), triton.cdiv(nq, c["BLOCK_M2"])), B * H)
+            _bwd_fused_kernel[grid](
+                q4, k4, v4, do4, lse, delta, dk, dv, dq,
+                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dq.stride(),
+                H, nq, nk, scale, scale * LOG2E,
+                HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **c)
+        else:
+            c = cfg["dkdv"]
+            _bwd_dkdv_kernel[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
+                q4, k4, v4, do4, lse, delta, dk, dv, dq,
+                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dq.stride(),
+                H, nq, nk, scale, scale * LOG2E,
+                HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
+                DOT_PRECISION=prec, **c)
         if dq_mode == "separate":
             c = cfg["dq"]
             _bwd_dq_kernel[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
@@ -365,8 +487,8 @@ class FlashAttentionTriton(torch.autograd.Function):
 def attention(q, k, v, is_causal=False, scale=None, dq_mode=None):
     """The course contract, forward and backward in Triton.
 
-    ``dq_mode``: None (the tuned choice), "separate" (a second pass, deterministic)
-    or "atomic" (fp32 atomic adds).
+    ``dq_mode``: None (the tuned choice), "separate" (a second pass, deterministic),
+    "atomic" (fp32 atomic adds) or "fused" (dK/dV and dQ in one launch, deterministic).
     """
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step06 attention")
     return FlashAttentionTriton.apply(q, k, v, is_causal, scale, dq_mode)

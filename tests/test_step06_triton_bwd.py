@@ -64,6 +64,19 @@ def test_gradients_atomic_dq(load, case, is_causal):
     check_attention(with_mode(step, "atomic"), *qkv(case, torch.float32), is_causal=is_causal)
 
 
+FUSED_CASES = [(c, torch.float32) for c in (CASES[0], CASES[3], CASES[4], CASES[5])] + \
+    [(c, torch.float16) for c in (CASES[3], CASES[5])]
+
+
+@pytest.mark.parametrize("case, dtype", FUSED_CASES, ids=lambda x: ids(x))
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_gradients_fused(load, case, dtype, is_causal):
+    """dK/dV and dQ in one launch: program j does key tile j, then query tile j. Nq != Nk both
+    ways leaves programs with only one of the two phases to do."""
+    step = load(6)
+    check_attention(with_mode(step, "fused"), *qkv(case, dtype), is_causal=is_causal)
+
+
 TILES = [dict(dkdv=(16, 32), dq=(32, 16)), dict(dkdv=(32, 16), dq=(16, 32)), dict(dkdv=(64, 64), dq=(64, 64))]
 
 
@@ -85,32 +98,60 @@ def test_tile_sizes(load, tiles, dq_mode):
                          row_label="query rows" if name == "dQ" else "key rows")
 
 
-def test_strided_and_expanded_upstream_gradient(load):
+# (BLOCK_M1, BLOCK_N1) of the dK/dV phase, (BLOCK_M2, BLOCK_N2) of the dQ phase; None: derived from dkdv/dq.
+FUSED_TILES = [(16, 64, 32, 16), (32, 16, 64, 32), None]
+
+
+@pytest.mark.parametrize("tiles", FUSED_TILES, ids=lambda t: "derived" if t is None else "dkdv{}x{}-dq{}x{}".format(*t))
+def test_fused_tile_sizes(load, tiles):
+    """The fused kernel with the two phases' tiles of different sizes: the grid covers the longer of
+    cdiv(Nk, BLOCK_N1) and cdiv(Nq, BLOCK_M2), and a phase past its sequence does nothing."""
+    step, step5 = load(6), load(5)
+    if tiles is None:       # a config with no "fused" entry: the dkdv and dq kernels' tiles
+        cfg = dict(pre=dict(BLOCK_M=16), dq_mode="fused", dkdv=dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+                   dq=dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1))
+    else:
+        cfg = dict(pre=dict(BLOCK_M=16), dq_mode="fused",
+                   fused=dict(zip(("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"), tiles), num_warps=4, num_stages=1))
+    for nq, nk, causal in ((50, 75, True), (75, 50, True)):
+        q, k, v = make_qkv(1, 2, nq, nk, 24, device=DEVICE, seed=nq)
+        dout = make_dout(q)
+        o, lse = step5.forward(q, k, v, causal, 24 ** -0.5)
+        grads = step.backward(q, k, v, o, lse, dout, causal, 24 ** -0.5, config=cfg)
+        for name, g, ref in zip(("dQ", "dK", "dV"), grads, reference_backward(q, k, v, dout, causal)):
+            assert_close(g, ref, name=name, context=f"causal={causal}, Nq={nq}, Nk={nk}, fused tiles {tiles}",
+                         row_label="query rows" if name == "dQ" else "key rows")
+
+
+@pytest.mark.parametrize("dq_mode", [None, "fused"], ids=["tuned", "fused"])
+def test_strided_and_expanded_upstream_gradient(load, dq_mode):
     """dO may come with any strides: transposed, or stride 0 from a sum()."""
     step = load(6)
     g = torch.Generator().manual_seed(2)
     q, k, v = make_qkv(2, 3, 30, 30, 32, device=DEVICE, requires_grad=True)
     dout_t = torch.randn(2, 30, 3, 32, generator=g).to(DEVICE).transpose(1, 2)   # (B, H, N, D), strided
-    step.attention(q, k, v, is_causal=True).backward(dout_t)
+    step.attention(q, k, v, is_causal=True, dq_mode=dq_mode).backward(dout_t)
     for name, t, ref in zip(("dQ", "dK", "dV"), (q, k, v), reference_backward(q, k, v, dout_t, True)):
         assert_close(t.grad, ref, name=name, context="transposed dO", row_label="query rows" if name == "dQ" else "key rows")
     q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    step.attention(q2, k2, v2).sum().backward()                                  # dO = ones, stride 0
+    step.attention(q2, k2, v2, dq_mode=dq_mode).sum().backward()                # dO = ones, stride 0
     ones = torch.ones(q.shape, device=DEVICE)
     for name, t, ref in zip(("dQ", "dK", "dV"), (q2, k2, v2), reference_backward(q, k, v, ones, False)):
         assert_close(t.grad, ref, name=name, context="dO from .sum(): expanded, stride 0",
                      row_label="query rows" if name == "dQ" else "key rows")
 
 
-def test_strided_inputs(load):
+@pytest.mark.parametrize("dq_mode", [None, "fused"], ids=["tuned", "fused"])
+def test_strided_inputs(load, dq_mode):
     step = load(6)
     g = torch.Generator().manual_seed(3)
     packed = torch.randn(2, 37, 3, 2, 32, generator=g).to(DEVICE)               # (B, N, 3, H, D)
     q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
-    check_attention(step.attention, q, k, v, is_causal=True)
+    check_attention(with_mode(step, dq_mode), q, k, v, is_causal=True)
 
 
-def test_keys_no_query_sees_are_skipped(load):
+@pytest.mark.parametrize("dq_mode", [None, "fused"], ids=["tuned", "fused"])
+def test_keys_no_query_sees_are_skipped(load, dq_mode):
     """Causal, Nq < Nk: keys past the last query tile get zero gradient, and poisoned with NaN
     they must not leak into anything (they are never multiplied into a result)."""
     step = load(6)
@@ -121,7 +162,7 @@ def test_keys_no_query_sees_are_skipped(load):
     kp.requires_grad_(True), vp.requires_grad_(True)
     qg = q.clone().requires_grad_(True)
     dout = make_dout(q)
-    step.attention(qg, kp, vp, is_causal=True).backward(dout)
+    step.attention(qg, kp, vp, is_causal=True, dq_mode=dq_mode).backward(dout)
     ref = reference_backward(q, k, v, dout, True)
     for name, t, r in zip(("dQ", "dK", "dV"), (qg, kp, vp), ref):
         assert_close(t.grad, r, name=name, context="causal, keys past the diagonal poisoned with NaN",
@@ -129,7 +170,8 @@ def test_keys_no_query_sees_are_skipped(load):
 
 
 def test_triton_kernels_run(load, monkeypatch):
-    """Forward and backward launch their Triton kernels: forward, D, dK/dV, dQ (or dK/dV alone with atomics)."""
+    """Forward and backward launch their Triton kernels: forward, D, dK/dV, dQ (or dK/dV alone with atomics,
+    or the fused kernel alone)."""
     step, step5 = load(6), load(5)
     launches = []
 
@@ -142,7 +184,7 @@ def test_triton_kernels_run(load, monkeypatch):
                 return kernel[grid]
         monkeypatch.setattr(mod, name, Counting())
     count(step5, "_attn_fwd_kernel")
-    for name in ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
+    for name in ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_fused_kernel"):
         count(step, name)
     q, k, v = make_qkv(1, 2, 40, 40, 32, device=DEVICE)
     check_attention(with_mode(step, "separate"), q, k, v, is_causal=True)
@@ -150,6 +192,9 @@ def test_triton_kernels_run(load, monkeypatch):
     launches.clear()
     check_attention(with_mode(step, "atomic"), q, k, v, is_causal=True)
     assert launches == ["_attn_fwd_kernel", "_bwd_preprocess", "_bwd_dkdv_kernel"], launches
+    launches.clear()
+    check_attention(with_mode(step, "fused"), q, k, v, is_causal=True)
+    assert launches == ["_attn_fwd_kernel", "_bwd_preprocess", "_bwd_fused_kernel"], launches
 
 
 def test_saves_exactly_one_lse(load):
@@ -172,7 +217,7 @@ def test_bad_dq_mode(load):
 @pytest.mark.skipif(not GPU, reason=BF16_SKIP)
 @pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[5], Case((2, 4), 300, 300, 128)], ids=ids)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dq_mode", ["separate", "atomic"])
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic", "fused"])
 def test_bf16(load, case, is_causal, dq_mode):
     step = load(6)
     check_attention(with_mode(step, dq_mode), *qkv(case, torch.bfloat16), is_causal=is_causal)
@@ -182,22 +227,25 @@ def test_bf16(load, case, is_causal, dq_mode):
 @pytest.mark.skipif(not GPU, reason="compiled kernels need a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=ids)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_compiled_sizes(load, dtype, is_causal):
+@pytest.mark.parametrize("dq_mode", [None, "fused"], ids=["tuned", "fused"])
+def test_compiled_sizes(load, dtype, is_causal, dq_mode):
     """Sizes the interpreter is too slow for, with the GPU's tile table: many tiles, D up to 256."""
     step = load(6)
-    for case in (Case((2, 3), 1000, 1000, 64), Case((1, 2), 513, 1100, 96), Case((1, 1), 200, 200, 256)):
-        check_attention(step.attention, *qkv(case, dtype), is_causal=is_causal)
+    for case in (Case((2, 3), 1000, 1000, 64), Case((1, 2), 513, 1100, 96), Case((1, 2), 1100, 513, 128),
+                 Case((1, 1), 200, 200, 256)):
+        check_attention(with_mode(step, dq_mode), *qkv(case, dtype), is_causal=is_causal)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="atomics are deterministic in the interpreter, which runs one program at a time")
 def test_separate_dq_is_deterministic(load):
-    """The second-pass dQ is bitwise reproducible; atomic dQ need not be (and is reported)."""
+    """The second-pass and fused dQ are bitwise reproducible; atomic dQ need not be (and is reported)."""
     step = load(6)
     q, k, v = make_qkv(4, 8, 1024, 1024, 64, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
     dout = make_dout(q)
     runs = {m: [torch.autograd.grad(step.attention(q, k, v, is_causal=True, dq_mode=m), q, dout)[0]
-                for _ in range(3)] for m in ("separate", "atomic")}
+                for _ in range(3)] for m in ("separate", "fused", "atomic")}
     assert all(torch.equal(runs["separate"][0], r) for r in runs["separate"][1:]), "separate dQ changed between runs"
+    assert all(torch.equal(runs["fused"][0], r) for r in runs["fused"][1:]), "fused dQ changed between runs"
     same = all(torch.equal(runs["atomic"][0], r) for r in runs["atomic"][1:])
     print(f"atomic dQ bitwise identical over 3 runs: {same}")
