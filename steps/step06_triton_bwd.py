@@ -10,7 +10,7 @@ recomputes the probabilities tile by tile from them, never storing P:
     dS = P * (dP - D)        D = rowsum(dO * O)    (= rowsum(P * dP), cheaper)
     dQ = scale * dS K        dK = scale * dS^T Q
 
-Three launches:
+Three launches (two in the fused mode below):
 
 1. ``_bwd_preprocess``: D for every query row, one pass over O and dO.
 2. ``_bwd_dkdv_kernel``: one program per key tile (``_dkdv_tile``). It holds K_j
