@@ -52,9 +52,14 @@ step 05's forward kernel, these backward kernels.
 Measured on an H200 (results/h200/triton_gpu_NOTES.md): forward + backward 1.12-1.42x
 PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid, 0.6-0.9x cuDNN's.
 Known short of its targets: the CS336 leaderboard shape (B=1, H=16, N=16k, D=64,
-causal) takes 5.8 ms against 5.36 ms. What would close the gap, and is not done
-here: TMA loads and warp specialization (what cuDNN and FlashAttention-3 use on
-Hopper). The one-launch backward (``dq_mode="fused"``) is here but not measured yet.
+causal) takes 5.60 ms against 5.36 ms (SDPA-FLASH 7.01, cuDNN 4.35, same run;
+results/h200/triton/lb_variants.json). Where the time goes there: forward 1.36 ms,
+dK/dV kernel 3.04 ms (about 360 TFLOP/s of its four products), dQ kernel 1.44 ms
+(about 570 TFLOP/s of its three): the dK/dV kernel is the one to make faster.
+The one-launch backward (``dq_mode="fused"``) was 9% slower than the two kernels
+there (best tiles 4.66 ms against 4.29). Not done here: TMA loads and warp
+specialization (what cuDNN and FlashAttention-3 use on Hopper); TMA alone did not
+speed up the D=64 forward (results/h200/triton/fwd_tma.json).
 """
 
 import torch
@@ -384,12 +389,12 @@ def _bwd_fused_kernel(
 #     slower (short sequences): every key tile adds a BLOCK_M x D fp32 tile into dQ
 #     through L2, gigabytes of atomic traffic at N=16k. The deterministic second
 #     pass is the default.
-#   * "fused" (one launch for both): not measured yet. Its tiles are the dK/dV
-#     kernel's (BLOCK_M1 x BLOCK_N1) and the dQ kernel's (BLOCK_M2 x BLOCK_N2), on
-#     one num_warps / num_stages for both phases; BLOCK_N1 == BLOCK_M2 balances the
-#     causal work across programs. The entries below are the Triton tutorial's
-#     (06-fused-attention: 32 x 128 and 128 x 32, 4 warps, 5 stages) and, for the
-#     other head dims, the separate kernels' tiles on the larger warp count.
+#   * "fused" (one launch for both): measured on the leaderboard shape only (ten tile
+#     sets, results/h200/triton/lb_variants.json): 4.66-5.50 ms for the backward against
+#     4.29 for the separate kernels. Its tiles are the dK/dV kernel's (BLOCK_M1 x BLOCK_N1)
+#     and the dQ kernel's (BLOCK_M2 x BLOCK_N2), on one num_warps / num_stages for both
+#     phases, which is what costs it: each phase wants its own. For D > 64 the entries
+#     are the separate kernels' tiles on the larger warp count (not measured).
 
 def fused_config(dkdv, dq):
     """The fused kernel's tiles from the two kernels' ones: dK/dV's tiles, dQ's tiles, dK/dV's warps and stages."""
@@ -413,8 +418,15 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
     if bd <= 64:
         dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4) if is_causal else \
             dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4)
+        if is_causal and min(nq, nk) >= 8192:
+            # Long causal sequences (the leaderboard shape, B=1 H=16 N=16k): 64-row query steps
+            # on 8 warps, 3% faster over the whole backward in two H200 runs (4.29 vs 4.43 ms
+            # and 4.55 vs 4.66 ms; results/h200/triton/lb_variants.json). Not measured elsewhere.
+            dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=4)
         dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
-        fused = dict(BLOCK_M1=32, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=4, num_stages=5)
+        # The best fused tiles at the leaderboard shape (4.66 ms; the tutorial's 32x128 / 128x32
+        # took 5.02): still 9% behind the separate kernels there.
+        fused = dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)
     elif bd <= 128:
         dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
         dq = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3)
