@@ -248,7 +248,7 @@ At N = 16k step 04 needs 23-73x less memory than naive attention (more in fp32, 
 score matrices are twice as large), and its peak grows 16x from N = 1k to 16k: linear. It is not
 faster: at 16k it beats naive only in the fp32 forward (59 against 69 ms) and takes 1.2-2.7x
 naive's time elsewhere, since a Python loop of PyTorch calls cannot keep a tile on chip. Compiling
-its strip steps trims the forward + backward by 18% (206 to 169 ms) and its memory by a third;
+its strip steps trims the forward + backward by 18% (206 to 169 ms) and its peak by 17-37%;
 compiling the naive version fuses the softmax and halves its time and memory, which stays
 quadratic.
 """),
