@@ -34,22 +34,24 @@ def test_measure_ratio_oom_and_roundtrip(tmp_path):
     assert made and all(p.exists() and p.stat().st_size > 1000 for p in made)
 
 
-def test_compiled_rows_never_time_an_eager_fallback(monkeypatch):
+def test_compiled_rows_never_time_an_eager_fallback():
     """Past its recompile limit Dynamo silently runs eager; the bench must say so, not time it."""
     import torch._dynamo
     import torch._dynamo.config as dcfg
-    monkeypatch.setattr(dcfg, "recompile_limit", dcfg.recompile_limit)       # restored after the test
-    monkeypatch.setattr(dcfg, "fail_on_recompile_limit_hit", dcfg.fail_on_recompile_limit_hit)
-    core.no_silent_eager()
-    assert dcfg.recompile_limit >= core.RECOMPILE_LIMIT
-    dcfg.recompile_limit = 2                                                  # a small limit to hit here
-    torch._dynamo.reset()
-    f = torch.compile(lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1) @ v, dynamic=False)
-    rows = []
-    for n in (8, 12, 16):                                                      # every N compiles again
-        rows += core.measure("compiled", lambda q, k, v, c: f(q, k, v), B=1, H=1, N=n, D=8, causal=False,
-                             dtype=torch.float32, device="cpu", modes=("fwd",))
-    torch._dynamo.reset()
+    saved = dcfg.recompile_limit, dcfg.fail_on_recompile_limit_hit      # global settings: put back
+    try:
+        core.no_silent_eager()
+        assert dcfg.recompile_limit >= core.RECOMPILE_LIMIT and dcfg.fail_on_recompile_limit_hit
+        dcfg.recompile_limit = 2                                          # a small limit to hit here
+        torch._dynamo.reset()
+        f = torch.compile(lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1) @ v, dynamic=False)
+        rows = []
+        for n in (8, 12, 16):                                              # every N compiles again
+            rows += core.measure("compiled", lambda q, k, v, c: f(q, k, v), B=1, H=1, N=n, D=8, causal=False,
+                                 dtype=torch.float32, device="cpu", modes=("fwd",))
+    finally:
+        dcfg.recompile_limit, dcfg.fail_on_recompile_limit_hit = saved
+        torch._dynamo.reset()
     assert [r.status for r in rows[:2]] == ["ok", "ok"]
     assert rows[2].status.startswith("error: torch.compile recompiled") and rows[2].ms is None
 
