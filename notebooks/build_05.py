@@ -276,6 +276,13 @@ instructions, while Triton compiles `tl.dot` to Hopper's `wgmma` (check with `cu
 `HGMMA`). cuDNN's backend is faster still: it uses Hopper's bulk tensor copies (TMA) and warp
 specialization (some warps only load, others only compute), which this kernel does not.
 
+How much would TMA alone buy? `bench/triton_fwd_tma.py` loads Q, K and V through Triton's tensor
+descriptors (Hopper's TMA) in an otherwise identical kernel. On the H200
+(`results/h200/triton/README.md`): nothing at D = 64 (1.341 against 1.347 ms on the leaderboard
+shape, same tiles); at D = 128 it makes 128 x 128 tiles pay, 1.13-1.17x faster than this kernel's
+table. Turning on Triton's warp specialization as well returned NaN with three pipeline stages and
+ran slower with two: on Hopper, in Triton 3.6, that part is not ready for this kernel.
+
 **Next: step 06**, the backward pass as Triton kernels.
 """),
 ])
