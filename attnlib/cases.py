@@ -37,6 +37,18 @@ CASES = [
 # A smaller set for steps that are slow to run on a CPU (compiled, interpreted).
 QUICK_CASES = [CASES[1], CASES[2], CASES[4], CASES[5]]
 
+# The Triton steps (05, 06) on a CPU run every program in Triton's interpreter: the same awkward
+# shapes as CASES (N = 1, 17, 100, Nq != Nk both ways, rank 3, D = 80) at sizes it runs in seconds.
+INTERPRETED_CASES = [
+    Case((2, 3), 1, 1, 16),
+    Case((1, 2), 17, 17, 32),
+    Case((2, 1), 100, 100, 64),
+    Case((1, 2), 17, 40, 32),        # Nq < Nk
+    Case((1, 2), 100, 33, 32),       # Nq > Nk
+    Case((3,), 65, 65, 80),          # rank 3, D not a power of two
+]
+INTERPRETER_BF16_SKIP = "bf16 needs a GPU: the Triton interpreter's bf16 tl.dot is wrong"
+
 
 def devices():
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

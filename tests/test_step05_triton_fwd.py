@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from attnlib import make_qkv, reference_attention  # noqa: E402
-from attnlib.cases import Case  # noqa: E402
+from attnlib.cases import INTERPRETED_CASES, INTERPRETER_BF16_SKIP, Case  # noqa: E402
 from attnlib.checks import check_attention, check_lse, check_saved_lse  # noqa: E402
 from attnlib.compare import assert_close  # noqa: E402
 
@@ -24,19 +24,11 @@ pytestmark = [pytest.mark.step05,
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-BF16_SKIP = "bf16 needs a GPU: the Triton interpreter's bf16 tl.dot is wrong"
+BF16_SKIP = INTERPRETER_BF16_SKIP
 DTYPES = [torch.float32, torch.float16]           # bf16: the gpu-marked tests
 
 # N = 1, 17, 100 (not multiples of any tile), Nq != Nk both ways, D from 16 to 128 with 80.
-CASES = [
-    Case((2, 3), 1, 1, 16),
-    Case((1, 2), 17, 17, 32),
-    Case((2, 1), 100, 100, 64),
-    Case((1, 2), 17, 40, 32),        # Nq < Nk
-    Case((1, 2), 100, 33, 32),       # Nq > Nk
-    Case((3,), 65, 65, 80),          # rank 3, D not a power of two
-    Case((1, 1), 40, 40, 128),
-]
+CASES = INTERPRETED_CASES + [Case((1, 1), 40, 40, 128)]      # and D = 128
 ids = lambda x: x.id if isinstance(x, Case) else str(x).replace("torch.", "")  # noqa: E731
 
 
