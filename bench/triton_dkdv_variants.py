@@ -118,6 +118,10 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from bench.core import machine_info  # noqa: E402
+from bench.core import time_ms as bench_ms  # noqa: E402  (do_bench median on a GPU)
+from bench.triton_lb_variants import errors, first_line, make_inputs, steps  # noqa: E402
+
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
 TARGET_MS = 5.36                                       # best CS336 2025 leaderboard fwd+bwd (an H100)
@@ -403,11 +407,6 @@ def variant_launch(var: Variant, q, k, v, do, lse, delta, causal, scale, prep=Tr
 S06_KERNELS = ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel")
 
 
-def steps():
-    from attnlib.loader import load_step
-    return load_step(5, "solutions"), load_step(6, "solutions")
-
-
 def step06_launches(s6, q, k, v, o, lse, do, causal, scale, config, run=True):
     """Step 06's ``backward()`` with its kernels wrapped: [Launch] in launch order (preprocess, dK/dV, dQ),
     each with the grid and arguments ``backward()`` gave it, and backward()'s (dQ, dK, dV). ``run=False``
@@ -595,17 +594,7 @@ def aot_main(args, variants):
     return 1 if failures else 0
 
 
-def first_line(e, n=300):
-    lines = str(e).strip().splitlines()
-    return lines[0][:n] if lines else type(e).__name__
-
-
 # %% Inputs, reference, errors ----------------------------------------------------------------------------
-
-def make_inputs(shape, dtype, device):
-    from attnlib import make_dout, make_qkv
-    q, k, v = make_qkv(shape["B"], shape["H"], shape["N"], shape["N"], shape["D"], dtype=dtype, device=device, seed=0)
-    return q, k, v, make_dout(q, seed=1)
 
 
 _REF = {}
@@ -626,18 +615,6 @@ def reference(shape, dtype, device, causal):
         _REF[key] = dict(q=q, k=k, v=v, do=do, o=o, lse=lse64.to(torch.float32).contiguous(), delta=delta,
                          O=o64, dQ=dq, dK=dk, dV=dv)
     return _REF[key]
-
-
-def errors(outs, ref, dtype):
-    """{name: {"err": max|x - ref| / max|ref|, "bad": elements outside attnlib's policy for dtype}}."""
-    from attnlib.compare import measure, tolerance_for
-    atol, rtol = tolerance_for(dtype)
-    res = {}
-    for name, x in outs.items():
-        _, _, err, bad, scale = measure(x, ref[name], atol, rtol)
-        e = err.max().item() / scale
-        res[name] = {"err": e if math.isfinite(e) else float("inf"), "bad": int(bad.sum())}
-    return res
 
 
 def all_variants():
@@ -699,18 +676,6 @@ def check_job(job):
 
 # %% Timing ---------------------------------------------------------------------------------------------
 
-def bench_ms(fn, device):
-    if device == "cuda":
-        from triton.testing import do_bench
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    fn()                                              # --small: warm-up, then the median of 3
-    ts = []
-    for _ in range(3):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return sorted(ts)[1]
-
 
 def sdpa_bwd_fn(q, k, v, do, causal, device):
     """SDPA-FLASH's backward alone: torch.autograd.grad on an output held from one forward (--small: MATH)."""
@@ -726,16 +691,6 @@ def sdpa_bwd_fn(q, k, v, do, causal, device):
 def dkdv_flops(B, H, N, D, causal, products=4):
     """``products`` matrix products of 2 * N * N * D flops per (batch, head), halved when causal."""
     return products * 2.0 * B * H * N * N * D / (2 if causal else 1)
-
-
-def machine_info():
-    try:
-        from bench.core import machine_info as info
-        return info()
-    except Exception as e:                     # bench/core.py is edited by others: never fail on it
-        return {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "note": f"bench.core: {e!r}"}
 
 
 def log(msg):
