@@ -277,7 +277,10 @@ def merge(paths, out):
         runs.append({"file": str(path), **data["machine"], "settings": data["settings"]})
         for r in data["rows"]:
             r.setdefault("date", data["machine"]["date"])
-            merged[(r["impl"], r["mode"], r["dtype"], r["causal"], r["N"])] = r
+            key = (r["impl"], r["mode"], r["dtype"], r["causal"], r["N"])
+            old = merged.get(key)
+            if old is None or r["status"] == "ok" or old["status"] != "ok":   # a failure never hides a measurement
+                merged[key] = r
     order = {n: i for i, n in enumerate(IMPLS)}
     rows = sorted(merged.values(), key=lambda r: (r["dtype"] != "float32", r["causal"], r["N"],
                                                   order.get(r["impl"], 99), r["mode"]))
@@ -307,7 +310,8 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, required=True, help="folder for step04_figures.json and .png")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
                     help="measure nothing: merge these step04_figures.json files (a later file's row replaces "
-                         "an earlier one of the same impl, mode, dtype, mask and N), redraw the plot")
+                         "an earlier one of the same impl, mode, dtype, mask and N, unless it failed where "
+                         "the earlier was measured), redraw the plot")
     ap.add_argument("--small", action="store_true", help="CPU sizes: N in {128, 256, 512}, H=2, fp32")
     ap.add_argument("--N", type=int, nargs="+", help="sequence lengths (default 1024 4096 16384)")
     ap.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16"],

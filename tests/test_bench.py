@@ -77,3 +77,32 @@ def test_merge_keeps_measured_rows_and_refuses_other_gpus():
 def dataclasses_replace(row, **kw):
     import dataclasses
     return dataclasses.replace(row, **kw)
+
+
+def test_step04_figures_merge(tmp_path):
+    """Runs of bench/step04_figures.py join into one figure: later rows win, failures never hide a
+    measurement, each row keeps its run's date, runs of two different GPUs are refused."""
+    import json
+
+    import pytest
+
+    from bench import step04_figures as s4
+
+    def run(name, date, gpu, rows):
+        settings = dict(B=1, H=16, D=64, mask="causal", block_q=128, block_k=128)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"machine": {"gpu": gpu, "torch": "x", "date": date}, "settings": settings,
+                                    "rows": [dict(impl=i, mode="fwd", dtype="float32", causal=True, N=n, B=1, H=16,
+                                                  D=64, ms=ms, peak_mib=ms, first_call_s=None,
+                                                  status="ok" if ms else "error: x") for i, n, ms in rows]}))
+        return path
+
+    a = run("a", "d1", "G", [("naive", 1024, 1.0), ("step04", 1024, None), ("step04", 4096, 4.0)])
+    b = run("b", "d2", "G", [("step04", 1024, 2.0), ("step04", 4096, None)])
+    assert s4.merge([a, b], tmp_path / "out") == 0
+    rows = json.loads((tmp_path / "out" / "step04_figures.json").read_text())["rows"]
+    got = {(r["impl"], r["N"]): (r["ms"], r["date"]) for r in rows}
+    assert got == {("naive", 1024): (1.0, "d1"), ("step04", 1024): (2.0, "d2"), ("step04", 4096): (4.0, "d1")}
+    assert (tmp_path / "out" / "step04_figures.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="different machines"):
+        s4.merge([a, run("c", "d3", "other", [("naive", 1024, 1.0)])], tmp_path / "out2")
