@@ -4,6 +4,7 @@
     python -m bench sweep|grid|leaderboard [--impls naive,step04] [--out results/run]
     python -m bench plot results/h200    # redraw the PNGs from the JSON, no GPU needed
     python -m bench merge OUT A/results.json B/results.json   # runs cut short by their budget, as one
+    python -m bench grid --missing-from A/results.json        # measure only the rows A lacks
     python -m bench profile --impl step04 --N 1024 [--causal] [--bwd]
 
 Suites
@@ -42,7 +43,12 @@ def _progress(items, desc):
         return items
 
 
-def run_suite(suite, impls, device, small, machine, default_impls=False, deadline=None):
+def measured_keys(rows):
+    """The measurements a previous run already has (status ok), as merge_rows keys them."""
+    return {(r.suite, r.impl, r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal) for r in rows if r.status == "ok"}
+
+
+def run_suite(suite, impls, device, small, machine, default_impls=False, deadline=None, have=frozenset()):
     configs = []
     if suite == "sweep":
         Ds = [64] if small else [16, 32, 64, 128]
@@ -74,6 +80,10 @@ def run_suite(suite, impls, device, small, machine, default_impls=False, deadlin
     for c, name in _progress(work, suite):
         fn = impls[name]
         modes = c["modes"]
+        dt = str(c["dtype"]).replace("torch.", "")
+        if name != "sdpa-flash" and all((suite, name, m, dt, c["B"], c["H"], c["N"], c["D"], c["causal"]) in have
+                                        for m in modes):
+            continue        # --missing-from: measured before; SDPA-FLASH always runs (the ratios need it)
         if deadline is not None and time.monotonic() > deadline:
             fn = "skipped: the run's time budget (--budget-s) was spent"
         if isinstance(fn, str):
@@ -160,6 +170,9 @@ def main(argv=None):
     ap.add_argument("--D", type=int, default=64)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--bwd", action="store_true")
+    ap.add_argument("--missing-from", type=Path, default=None,
+                    help="a results.json: measure only what it lacks (SDPA-FLASH always, for the ratios); "
+                         "join the two with `merge`")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting measurements after this many seconds (rows left say so)")
     args = ap.parse_args(argv)
@@ -210,8 +223,10 @@ def main(argv=None):
     ceilings = core.measure_ceilings(device)
     rows = []
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
+    have = measured_keys(core.load_rows(args.missing_from)) if args.missing_from else frozenset()
     for suite in suites:
-        rows += run_suite(suite, impls, device, small, machine, default_impls=not args.impls, deadline=deadline)
+        rows += run_suite(suite, impls, device, small, machine, default_impls=not args.impls, deadline=deadline,
+                          have=have)
         core.save(rows, out / "results.json", out / "results.csv")      # keep what is done
     if ceilings:
         import json

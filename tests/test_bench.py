@@ -106,3 +106,30 @@ def test_step04_figures_merge(tmp_path):
     assert (tmp_path / "out" / "step04_figures.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="different machines"):
         s4.merge([a, run("c", "d3", "other", [("naive", 1024, 1.0)])], tmp_path / "out2")
+
+
+def test_missing_from_measures_only_what_a_run_lacks():
+    """`--missing-from`: an implementation is run only at the shapes a previous run has no measured row
+    for; SDPA-FLASH runs everywhere (the new rows' ratios need it)."""
+    from bench.__main__ import measured_keys, run_suite
+    calls = []
+
+    def impl(name):
+        def fn(q, k, v, causal):
+            calls.append((name, q.shape[-2]))
+            return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+        return fn
+
+    impls = {"sdpa-flash": impl("sdpa-flash"), "mine": impl("mine")}
+    first = run_suite("sweep", impls, "cpu", small=True, machine={})
+    assert {(r.impl, r.N) for r in first} == {(i, n) for i in impls for n in (256, 1024)}
+    # forget one shape of "mine": only that shape (and SDPA-FLASH's two) must run again
+    have = measured_keys([r for r in first if not (r.impl == "mine" and r.N == 1024)])
+    calls.clear()
+    again = run_suite("sweep", impls, "cpu", small=True, machine={}, have=have)
+    assert {(r.impl, r.N) for r in again} == {("sdpa-flash", 256), ("sdpa-flash", 1024), ("mine", 1024)}
+    assert {c for c in calls} == {("sdpa-flash", 256), ("sdpa-flash", 1024), ("mine", 1024)}
+    # a row that was skipped or failed before is not "measured": it runs again
+    first[0].status = "skipped: budget"
+    assert ("sweep", first[0].impl, first[0].mode, first[0].dtype, first[0].B, first[0].H, first[0].N,
+            first[0].D, first[0].causal) not in measured_keys(first)
