@@ -137,6 +137,15 @@ SMALL_OLD_TILES = dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1)
 # tutorial's formulation is 2-3x step 06's error, about 1e-3; printed in the check's "x s06" column.)
 MARGIN = {torch.bfloat16: 1e-3, torch.float16: 1e-3, torch.float32: 1e-5}
 STEP06_OLD_TILES = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=4)   # the table of results/h200 lb.log
+# Step 06's own dK/dV kernel at other tiles (GPU only): checked like the variants, then timed. ``maxnreg``
+# caps registers per thread (a Triton launch option): 128 lets two 8-warp programs share an SM.
+STEP06_TRY = {
+    "step06 32x128 w8 r128": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128),
+    "step06 32x128 w8 s3 r128": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3, maxnreg=128),
+    "step06 32x128 w8": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4),
+    "step06 64x64 w4": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
+    "step06 64x128 w8 s3": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+}
 
 
 # %% Variants ----------------------------------------------------------------------------------------
@@ -195,6 +204,10 @@ VARIANTS = [
             why="maxnreg=128: two 8-warp programs per SM (as the dQ kernel), 12 B spills"),
     Variant("combined", 64, 128, 8, 4, dict(KV_REGS, EARLY_DP=True, HEAVY_FIRST=True),
             why="kv-regs + early-dp + heavy-first"),
+    Variant("2cta-early-dp", 32, 128, 8, 4, dict(EARLY_DP=True, HEAVY_FIRST=True), maxnreg=128,
+            why="the two best of the first run (11-30 02:14): 2cta + early-dp"),
+    Variant("2cta-early-dp-rowgrid", 32, 128, 8, 4, dict(EARLY_DP=True), maxnreg=128,
+            why="2cta-early-dp on step 06's grid order"),
 ]
 # Not run by default (``--variants NAME,...``): the parts of kv-regs and of 2cta.
 EXTRA_VARIANTS = [
@@ -569,6 +582,10 @@ def aot_main(args, variants):
         old, _ = step06_launches(s6, q, k, v, o, lse, do, causal, scale,
                                  step06_config(s6, shape, dtype, causal, "cuda", dkdv=STEP06_OLD_TILES), run=False)
         items += [("step06 dkdv 32x128 w4", x) for x in old if x.name == "_bwd_dkdv_kernel"]
+        for tname, tiles in STEP06_TRY.items():
+            tl_, _ = step06_launches(s6, q, k, v, o, lse, do, causal, scale,
+                                     step06_config(s6, shape, dtype, causal, "cuda", dkdv=tiles), run=False)
+            items += [(tname, x) for x in tl_ if x.name == "_bwd_dkdv_kernel"]
         for var in variants:
             launch, _, _, _ = variant_launch(var, q, k, v, do, lse.reshape(B * H, N), delta, causal, scale, prep=False)
             items.append((var.name, launch))
@@ -845,6 +862,8 @@ def main(argv=None):
             jobs.append(dict(base, kind="step06", name="step06 old tiles",
                              dkdv=SMALL_OLD_TILES if small_tiles else STEP06_OLD_TILES))
             jobs += [dict(base, kind="variant", name=v.name) for v in variants]
+            if not small:
+                jobs += [dict(base, kind="step06", name=n, dkdv=t) for n, t in STEP06_TRY.items()]
             if c and not small:
                 jobs.append(dict(base, kind="fwd", name="step05 fwd"))
     workers = args.workers or (1 if small else max(1, min(len(jobs), 14, (os.cpu_count() or 2) - 2)))
@@ -872,7 +891,7 @@ def main(argv=None):
                 print(f"  {'':<{len(where)}}  step05 fwd (compiled for the timing) "
                       + (f"O {res['O']['err']:.2e}" if isinstance(res, dict) else str(res)))
                 doc["checks"].append(dict(name="step05 fwd", set=label, causal=c, errors=res, verdict="info"))
-            for name in ["step06 old tiles"] + [v.name for v in variants]:
+            for name in ["step06 old tiles"] + [v.name for v in variants] + ([] if small else list(STEP06_TRY)):
                 r = results.get((name, label, c))
                 res = r["result"] if r else "not checked (time)"
                 good, why, worst = verdict(res, s06, dt)
@@ -974,6 +993,14 @@ def main(argv=None):
         kernel_row("s06_old", "step06 dK/dV old tiles",
                    f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} (lb.log's table)",
                    next(x for x in old_log if x.name == "_bwd_dkdv_kernel"))
+    for tname, tiles in ({} if small else STEP06_TRY).items():
+        if not ok.get(tname):
+            doc["skipped"].append(f"{tname}: failed or missed its check")
+            continue
+        t_log, _ = step06_launches(s6, q, k, v, o, lse, do, causal, scale,
+                                   step06_config(s6, shape, dtype, causal, device, dkdv=tiles))
+        kernel_row(tname, tname, ", ".join(f"{a}={b}" for a, b in tiles.items()),
+                   next(x for x in t_log if x.name == "_bwd_dkdv_kernel"))
     kernel_row("s06_again", "step06 dK/dV (again)", s06_label + ", drift check", dkdv06)
 
     # ---- 3. the table -----------------------------------------------------------------------------------------
