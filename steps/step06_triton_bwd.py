@@ -51,17 +51,18 @@ Coverage as step 05: any Nq, Nk, head dims 1..256, fp32 / fp16 / bf16, any
 strides (dO too). ``FlashAttentionTriton`` is the complete autograd Function:
 step 05's forward kernel, these backward kernels.
 
-Measured on an H200 (results/h200/triton_gpu_NOTES.md): forward + backward 1.12-1.42x
-PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid, 0.6-0.9x cuDNN's.
-Known short of its targets: the CS336 leaderboard shape (B=1, H=16, N=16k, D=64,
-causal) takes 5.60 ms against 5.36 ms (SDPA-FLASH 7.01, cuDNN 4.35, same run;
-results/h200/triton/lb_variants.json). Where the time goes there: forward 1.36 ms,
-dK/dV kernel 3.04 ms (about 360 TFLOP/s of its four products), dQ kernel 1.44 ms
-(about 570 TFLOP/s of its three): the dK/dV kernel is the one to make faster.
-The one-launch backward (``dq_mode="fused"``) was 9% slower than the two kernels
-there (best tiles 4.66 ms against 4.29). Not done here: TMA loads and warp
-specialization (what cuDNN and FlashAttention-3 use on Hopper); TMA alone did not
-speed up the D=64 forward (results/h200/triton/fwd_tma.json).
+Measured on an H200 (results/h200/grid/, 2026-11-30): forward + backward 1.23-1.42x
+PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid for N >= 2048, below
+cuDNN's backend. The CS336 leaderboard shape (B=1, H=16, N=16k, D=64, causal) takes
+5.29 ms against the leaderboard's best 5.36 (SDPA-FLASH 7.02, cuDNN 4.42, same run;
+results/h200/leaderboard/). It took 5.60 ms until the dK/dV kernel, then 2.9 of the
+4.3 ms backward at about 360 TFLOP/s, got two changes (results/h200/triton/README.md):
+dP issued before the exponentials (below, in ``_dkdv_inner``) and a 128-register cap
+so that two programs share an SM (``bwd_config``): 2.50 ms. The one-launch backward
+(``dq_mode="fused"``) was 9% slower than the two kernels there (best tiles 4.66 ms
+against 4.29, before those changes). Not done here: TMA loads and warp specialization
+(what cuDNN and FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64
+forward (results/h200/triton/fwd_tma.json).
 """
 
 import torch
