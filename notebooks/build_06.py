@@ -266,7 +266,8 @@ it was timed (`bench/triton_dkdv_variants.py`):
 """),
 ("code", r"""
 runs = [json.loads((RESULTS / "triton" / f"dkdv_variants_{t}.json").read_text()) for t in ("0214", "0224")]
-print("dK/dV kernel alone, B=1 H=16 N=16384 D=64 bf16 causal, ms (two runs):\n")
+print("dK/dV kernel alone, B=1 H=16 N=16384 D=64 bf16 causal, ms; runs of", runs[0]["machine"]["date"], "and",
+      runs[1]["machine"]["date"], "\n(step 06's rows in the second run already issue dP early)\n")
 names = {}
 for i, run in enumerate(runs):
     for r in run["rows"]:
