@@ -283,8 +283,8 @@ print("\nleaderboard shape, fwd+bwd:", {r["impl"]: round(r["ms"], 2) for r in lb
 `2cta` (two programs per SM) won in both runs; `early-dp` helped every configuration with one program
 per SM, and cost a little with two (2.43 against 2.38 ms), where the other program already hides the
 wait. Step 06 took both: 32x128 tiles on 8 warps capped at 128 registers for causal D <= 64 (2.50 ms,
-against 2.82 for its previous tiles), and dP issued early everywhere (the D = 128 rows, one program
-per SM, gained 2-5%). Forward + backward at the leaderboard shape went from 5.60 to **5.29 ms**,
+against 2.82 for its previous tiles), and dP issued early everywhere (at D = 128, one program per SM,
+full attention gained 2-5% forward + backward, causal stayed within 3%). Forward + backward at the leaderboard shape went from 5.60 to **5.29 ms**,
 under the 5.36 target; cuDNN's backend (4.42 ms) stays ahead. One thing the table does not explain:
 step 06's own kernel is 7-12% slower than its copy with the same tiles and the same instruction
 counts. The copy assumes one contiguous layout; step 06 takes every stride. Finding out needs a
