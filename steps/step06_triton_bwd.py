@@ -55,7 +55,7 @@ Measured on an H200 (results/h200/grid/, 2026-11-30): forward + backward 1.23-1.
 PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid for N >= 2048, below
 cuDNN's backend. The CS336 leaderboard shape (B=1, H=16, N=16k, D=64, causal) takes
 5.29 ms against the leaderboard's best 5.36 (SDPA-FLASH 7.02, cuDNN 4.42, same run;
-results/h200/leaderboard/). It took 5.60 ms until the dK/dV kernel, then 2.9 of the
+results/h200/leaderboard/). It took 5.60 ms until the dK/dV kernel, then about 3 of the
 4.3 ms backward at about 360 TFLOP/s, got two changes (results/h200/triton/README.md):
 dP issued before the exponentials (below, in ``_dkdv_inner``) and a 128-register cap
 so that two programs share an SM (``bwd_config``): 2.50 ms. The one-launch backward
@@ -401,7 +401,8 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
             # programs share an SM (65536 registers / (2 * 256 threads)); uncapped, this kernel
             # takes 150-190 and runs alone. At the leaderboard shape the dK/dV kernel took 2.50 ms
             # against 2.82 for 64x128 w8 s4 and 3.28 for 32x128 w4 s4, with no spills
-            # (H200, results/h200/triton/dkdv_variants.json).
+            # (H200, results/h200/triton/dkdv_variants_0224.json). Grid, causal D=64 fwd+bwd:
+            # 1.25-1.48x SDPA-FLASH before, 1.32-1.57x after (results/h200/grid/).
             dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128)
         else:
             dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4)
