@@ -41,6 +41,12 @@ def with_mode(step, dq_mode, config=None):
     return attn
 
 
+def assert_grads(grads, refs, context):
+    """dQ, dK, dV against the reference's; a failure names the tensor and its rows (query or key)."""
+    for name, g, ref in zip(("dQ", "dK", "dV"), grads, refs, strict=True):
+        assert_close(g, ref, name=name, context=context, row_label="query rows" if name == "dQ" else "key rows")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=ids)
 @pytest.mark.parametrize("case", CASES, ids=ids)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -86,9 +92,8 @@ def test_tile_sizes(load, tiles, dq_mode):
         dout = make_dout(q)
         o, lse = step5.forward(q, k, v, True, 32 ** -0.5)
         grads = step.backward(q, k, v, o, lse, dout, True, 32 ** -0.5, config=cfg)
-        for name, g, ref in zip(("dQ", "dK", "dV"), grads, reference_backward(q, k, v, dout, True)):
-            assert_close(g, ref, name=name, context=f"causal, Nq={nq}, Nk={nk}, tiles {tiles}, {dq_mode}",
-                         row_label="query rows" if name == "dQ" else "key rows")
+        assert_grads(grads, reference_backward(q, k, v, dout, True),
+                     f"causal, Nq={nq}, Nk={nk}, tiles {tiles}, {dq_mode}")
 
 
 # (BLOCK_M1, BLOCK_N1) of the dK/dV phase, (BLOCK_M2, BLOCK_N2) of the dQ phase; None: derived from dkdv/dq.
@@ -111,9 +116,8 @@ def test_fused_tile_sizes(load, tiles):
         dout = make_dout(q)
         o, lse = step5.forward(q, k, v, causal, 24 ** -0.5)
         grads = step.backward(q, k, v, o, lse, dout, causal, 24 ** -0.5, config=cfg)
-        for name, g, ref in zip(("dQ", "dK", "dV"), grads, reference_backward(q, k, v, dout, causal)):
-            assert_close(g, ref, name=name, context=f"causal={causal}, Nq={nq}, Nk={nk}, fused tiles {tiles}",
-                         row_label="query rows" if name == "dQ" else "key rows")
+        assert_grads(grads, reference_backward(q, k, v, dout, causal),
+                     f"causal={causal}, Nq={nq}, Nk={nk}, fused tiles {tiles}")
 
 
 @pytest.mark.parametrize("dq_mode", [None, "fused"], ids=["tuned", "fused"])
@@ -124,14 +128,12 @@ def test_strided_and_expanded_upstream_gradient(load, dq_mode):
     q, k, v = make_qkv(2, 3, 30, 30, 32, device=DEVICE, requires_grad=True)
     dout_t = torch.randn(2, 30, 3, 32, generator=g).to(DEVICE).transpose(1, 2)   # (B, H, N, D), strided
     step.attention(q, k, v, is_causal=True, dq_mode=dq_mode).backward(dout_t)
-    for name, t, ref in zip(("dQ", "dK", "dV"), (q, k, v), reference_backward(q, k, v, dout_t, True)):
-        assert_close(t.grad, ref, name=name, context="transposed dO", row_label="query rows" if name == "dQ" else "key rows")
+    assert_grads((q.grad, k.grad, v.grad), reference_backward(q, k, v, dout_t, True), "transposed dO")
     q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     step.attention(q2, k2, v2, dq_mode=dq_mode).sum().backward()                # dO = ones, stride 0
     ones = torch.ones(q.shape, device=DEVICE)
-    for name, t, ref in zip(("dQ", "dK", "dV"), (q2, k2, v2), reference_backward(q, k, v, ones, False)):
-        assert_close(t.grad, ref, name=name, context="dO from .sum(): expanded, stride 0",
-                     row_label="query rows" if name == "dQ" else "key rows")
+    assert_grads((q2.grad, k2.grad, v2.grad), reference_backward(q, k, v, ones, False),
+                 "dO from .sum(): expanded, stride 0")
 
 
 @pytest.mark.parametrize("dq_mode", [None, "fused"], ids=["tuned", "fused"])
@@ -156,10 +158,8 @@ def test_keys_no_query_sees_are_skipped(load, dq_mode):
     qg = q.clone().requires_grad_(True)
     dout = make_dout(q)
     step.attention(qg, kp, vp, is_causal=True, dq_mode=dq_mode).backward(dout)
-    ref = reference_backward(q, k, v, dout, True)
-    for name, t, r in zip(("dQ", "dK", "dV"), (qg, kp, vp), ref):
-        assert_close(t.grad, r, name=name, context="causal, keys past the diagonal poisoned with NaN",
-                     row_label="query rows" if name == "dQ" else "key rows")
+    assert_grads((qg.grad, kp.grad, vp.grad), reference_backward(q, k, v, dout, True),
+                 "causal, keys past the diagonal poisoned with NaN")
 
 
 def test_triton_kernels_run(load, monkeypatch):
