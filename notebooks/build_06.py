@@ -122,7 +122,8 @@ does about the same work. Same products, same determinism; the price is one `num
 `num_stages` for two phases that would each pick their own.
 
 FlashAttention-2's CUDA code uses atomics; Triton's tutorial kernel uses a second pass. On an H200
-the second pass won nearly everywhere (below): the atomics cost more than the recomputation
+the second pass won nearly everywhere (below, a run of 2026-11-29, before the dK/dV changes of
+section 8; section 6 has step 06's current figures): the atomics cost more than the recomputation
 saves. On a GPU the next cell shows the determinism difference; the interpreter runs one program
 at a time, so there both are deterministic.
 """),
