@@ -43,9 +43,14 @@ def _progress(items, desc):
         return items
 
 
+def row_key(r):
+    """What one row measures: two rows with this key are the same measurement (of different runs)."""
+    return (r.suite, r.impl, r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal)
+
+
 def measured_keys(rows):
-    """The measurements a previous run already has (status ok), as merge_rows keys them."""
-    return {(r.suite, r.impl, r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal) for r in rows if r.status == "ok"}
+    """The measurements a previous run already has (status ok)."""
+    return {row_key(r) for r in rows if r.status == "ok"}
 
 
 def run_suite(suite, impls, device, small, machine, default_impls=False, deadline=None, have=frozenset()):
@@ -147,7 +152,7 @@ def merge_rows(runs):
     out = {}
     for rows in runs:
         for r in rows:
-            key = (r.suite, r.impl, r.mode, r.dtype, r.B, r.H, r.N, r.D, r.causal)
+            key = row_key(r)
             old = out.get(key)
             if old is None or r.status == "ok" or old.status != "ok":
                 out[key] = r
