@@ -88,7 +88,7 @@ def variants(mod, versions, D):
 def fwd_fn(mod, version, config):
     def attn(q, k, v, is_causal=False, scale=None):
         s = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
-        return mod.FlashAttentionCUDA.apply(q, k, v, is_causal, s, version, config)[0]
+        return mod.FlashAttentionCUDA.apply(q, k, v, is_causal, s, version, config)
     return attn
 
 
@@ -165,7 +165,7 @@ def bench(mod, versions, Ds, Ns, slow_n, bwd_ns, info):
                     for bv in (1, 2):
                         if bv == 1 and N > slow_n:
                             continue
-                        o_ours = mod.FlashAttentionCUDA.apply(q, k, v, causal, D ** -0.5, 3, 0, bv)[0]
+                        o_ours = mod.FlashAttentionCUDA.apply(q, k, v, causal, D ** -0.5, 3, 0, bv)
                         b_ours = do_bench(lambda: torch.autograd.grad(o_ours, (q, k, v), do, retain_graph=True),
                                           warmup=25, rep=100, return_mode="median")
                         row(f"step07-bwd{bv}", bv, "bwd", B, H, N, D, causal, b_ours, b_sdpa)

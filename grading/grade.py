@@ -332,6 +332,14 @@ class Grader:
                 frac = math.floor(frac)
             gr.points = round(gr.group.points * frac, 4)
         res.groups = list(groups.values())
+        # Nothing pays before the forward is right somewhere on this device: a stub whose CUDA kernel
+        # returns whatever its TODO leaves in memory still passes the input checks, and must score 0.
+        forward = [gr for gr in res.groups if gr.graded and gr.checks and gr.group.kind == "forward"]
+        if forward and not any(gr.n_passed for gr in forward):
+            for gr in res.groups:
+                if gr.points:
+                    gr.points = 0.0
+                    gr.note = "pays once the forward is right on at least one input"
 
         # Rules: any broken rule zeroes the step
         if not step_problem and not imp_err:

@@ -341,23 +341,25 @@ def _backward(version, q, k, v, o, lse, do, is_causal, scale, block_q, block_k):
 
 
 class FlashAttention2Torch(torch.autograd.Function):
-    """FlashAttention-2 in PyTorch. Returns ``(O, L)``; L is not differentiable.
+    """FlashAttention-2 in PyTorch. ``apply(q, k, v, is_causal=False, scale=None)`` returns O.
 
-    ``apply(q, k, v, is_causal, scale, block_q, block_k, version)``: ``scale`` a
-    float (the public functions resolve None); ``version`` one of ``VERSIONS``.
+    More arguments, all optional: ``block_q``, ``block_k`` (tile sizes) and ``version``
+    (one of ``VERSIONS``). Saves q, k, v, O and the float32 LSE ``(..., Nq)``: nothing else.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, block_q, block_k, version):
+    def forward(ctx, q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K, version="strips"):
+        where = "step04 FlashAttention2Torch"
+        scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where=where)
+        _check_args(block_q, block_k, version, where)
         o, lse = _forward(version, q, k, v, is_causal, scale, block_q, block_k)
         ctx.save_for_backward(q, k, v, o, lse)                   # no N x N tensor, no P
         ctx.args = (is_causal, scale, block_q, block_k)
         ctx.version = version
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        return o
 
     @staticmethod
-    def backward(ctx, do, _dlse):
+    def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(ctx.version, q, k, v, o, lse, do, *ctx.args)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
@@ -373,22 +375,23 @@ def _check_args(block_q, block_k, version, where):
 
 def attention_with_lse(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K,
                        version="strips"):
-    """``(O, L)``: the output in q's dtype and the float32 log-sum-exp ``(..., Nq)``."""
-    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step04 attention")
-    _check_args(block_q, block_k, version, "step04 attention")
-    return FlashAttention2Torch.apply(q, k, v, is_causal, scale, block_q, block_k, version)
+    """``(O, L)``: the output in q's dtype and the float32 log-sum-exp ``(..., Nq)``, with no autograd."""
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step04 attention_with_lse")
+    _check_args(block_q, block_k, version, "step04 attention_with_lse")
+    with torch.no_grad():
+        return _forward(version, q, k, v, is_causal, scale, block_q, block_k)
 
 
 def attention(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K):
     """The course contract, through FlashAttention-2 on strips (query tiles together)."""
-    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k, "strips")[0]
+    return FlashAttention2Torch.apply(q, k, v, is_causal, scale, block_q, block_k, "strips")
 
 
 def attention_loops(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K):
     """The course contract, through the readable double loop (slow; for teaching)."""
-    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k, "loops")[0]
+    return FlashAttention2Torch.apply(q, k, v, is_causal, scale, block_q, block_k, "loops")
 
 
 def attention_compiled(q, k, v, is_causal=False, scale=None, block_q=BLOCK_Q, block_k=BLOCK_K):
     """The course contract, through the strips with compiled steps (first call compiles)."""
-    return attention_with_lse(q, k, v, is_causal, scale, block_q, block_k, "compiled")[0]
+    return FlashAttention2Torch.apply(q, k, v, is_causal, scale, block_q, block_k, "compiled")

@@ -43,14 +43,13 @@ only compute). An experiment with TMA (bench/triton_fwd_tma.py, results/h200/tri
 found no gain at D=64 and 1.13-1.17x at D=128 with 128x128 tiles.
 """
 
-import math
-import re
-
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 from attnlib import check_inputs
+from attnlib.ops import configured, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step04_flash_torch import BLOCK_K, BLOCK_Q, backward_strips
 
@@ -123,6 +122,10 @@ def _attn_fwd_kernel(
     DOT_PRECISION: tl.constexpr,                           # "ieee" for fp32 inputs (true fp32 dots)
 ):
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    # Triton types a Python float argument fp32; torch.compile's Inductor, relaunching this
+    # kernel inside a compiled graph, types it fp64. Scores, max and accumulator would follow
+    # into fp64 and tl.dot(p, v, acc) would refuse the fp64 acc: fix the type here.
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m = tl.program_id(0)
     if IS_CAUSAL:
         # Heaviest tiles (the last rows see the most keys) first: a shorter tail at the end.
@@ -233,63 +236,81 @@ def _dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"    # the latter is ignored for 16-bit inputs
 
 
-def raise_if_unwritten(err):
-    """A stub's NotImplementedError reaches us wrapped (interpreter) or as a compile error (GPU): unwrap it."""
-    e = err
-    while e is not None:
-        if isinstance(e, NotImplementedError):
-            raise NotImplementedError(str(e)) from None
-        e = e.__cause__ or e.__context__
-    m = re.search(r"NotImplementedError\(['\"](Step \d\d:[^'\"]*)", str(err))
-    if m:
-        raise NotImplementedError(m.group(1)) from None
-
-
 def forward(q, k, v, is_causal, scale, config=None):
-    """Run the kernel: ``(O, LSE)`` with O shaped like q and LSE ``(..., Nq)`` float32.
+    """Run the kernel: ``(O, LSE)`` with O shaped like q (contiguous) and LSE ``(..., Nq)`` float32.
 
     ``scale`` must already be resolved (a float). ``config`` overrides ``fwd_config``.
     """
+    raise_if_stubbed(_attn_fwd_kernel)
     q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
     B, H, nq, d = q4.shape
     nk = k4.shape[2]
-    o = torch.empty((B, H, nq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, nq), dtype=torch.float32, device=q.device)
+    o = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    o4 = as_bhnd(o)
     cfg = dict(config or fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H))
     grid = (triton.cdiv(nq, cfg["BLOCK_M"]), B * H)
-    try:
-        _attn_fwd_kernel[grid](
-            q4, k4, v4, o, lse,
-            *q4.stride(), *k4.stride(), *v4.stride(), *o.stride(),
-            H, nq, nk, scale * LOG2E,
-            HEAD_DIM=d, BLOCK_D=_pow2_dim(d), IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q.dtype),
-            **cfg)
-    except Exception as err:
-        raise_if_unwritten(err)
-        raise
-    return o.view(q.shape), lse.view(q.shape[:-1])
+    kernel = configured(_attn_fwd_kernel, cfg)
+    wrap_triton(kernel)[grid](
+        q4, k4, v4, o4, lse,
+        *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
+        H, nq, nk, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=_pow2_dim(d), IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q.dtype),
+        **tiles(cfg))
+    return o, lse
 
 
-# %% autograd and the public API ---------------------------------------------------
+# %% The operator, autograd and the public API ----------------------------------------
+#
+# `forward` becomes a PyTorch operator (attnlib/ops.py says why torch.compile needs one):
+# torch.ops.<namespace>.step05_fwd(q, k, v, is_causal, scale) -> (O, LSE), with a fake
+# implementation for tracing and an autograd formula (step 04's PyTorch backward). The
+# autograd.Function is what students, tests and CS336's harness call:
+# FlashAttentionTritonFwd.apply(q, k, v, is_causal) -> O.
+
+def _fwd_fake(q, k, v, is_causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(q, k, v, is_causal, scale)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, is_causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.is_causal, ctx.scale = is_causal, scale
+
+
+def _backward(ctx, do, _dlse=None):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = backward_strips(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, BLOCK_Q, BLOCK_K)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+fwd_op = kernel_op(f"{op_namespace(__name__)}::step05_fwd", _fwd_impl, fake=_fwd_fake,
+                   backward=_backward, setup_context=_setup_context)
+
 
 class FlashAttentionTritonFwd(torch.autograd.Function):
-    """Forward: the Triton kernel above. Backward: step 04's PyTorch FlashAttention-2 backward.
+    """Forward: the Triton kernel above (as ``fwd_op``). Backward: step 04's PyTorch backward.
 
-    Saves q, k, v, O and exactly one LSE tensor, float32 ``(..., Nq)``.
+    ``apply(q, k, v, is_causal=False, scale=None)`` -> O; saves q, k, v, O and exactly one
+    LSE tensor, float32 ``(..., Nq)``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale):
-        o, lse = forward(q, k, v, is_causal, scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale = is_causal, scale
+    def forward(ctx, q, k, v, is_causal=False, scale=None):
+        scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 FlashAttentionTritonFwd")
+        o, lse = fwd_op(q, k, v, is_causal, scale)
+        _setup_context(ctx, (q, k, v, is_causal, scale), (o, lse))
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = backward_strips(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, BLOCK_Q, BLOCK_K)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        return _backward(ctx, do)
 
 
 def attention(q, k, v, is_causal=False, scale=None):

@@ -68,10 +68,12 @@ forward (results/h200/triton/fwd_tma.json).
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 from attnlib import check_inputs
+from attnlib.ops import configured, kernel_op, op_namespace, raise_if_stubbed, tiles
 
-from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, load_tile, raise_if_unwritten
+from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, load_tile
 from .step05_triton_fwd import forward as triton_forward
 
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -199,6 +201,8 @@ def _bwd_dkdv_kernel(
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid_n = tl.program_id(0)          # causal: key tile 0 is seen by the most queries and starts first
     bh = tl.program_id(1)
     b = bh // H
@@ -230,8 +234,8 @@ def _dq_inner(dq, q, do, lse2, delta,                    # fp32 accumulator (BLO
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, MASKED, PAD_D)
-        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, MASKED, PAD_D)
+        # TODO(Step 06): load the K and V tiles as step 05's forward loop does
+        raise NotImplementedError("Step 06: load the K and V tiles as step 05's forward loop does")
         # TODO(Step 06): recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T; ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)
         raise NotImplementedError("Step 06: recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T; ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)")
     return dq
@@ -253,13 +257,8 @@ def _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,                 # pointers to this (ba
     lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
     delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # The same key ranges as the forward.
-    if IS_CAUSAL:
-        hi_full = (tl.minimum(start_m, N_K) // BLOCK_N) * BLOCK_N
-        hi = tl.minimum(start_m + BLOCK_M, N_K)
-    else:
-        hi_full = (N_K // BLOCK_N) * BLOCK_N
-        hi = N_K
+    # TODO(Step 06): the key ranges [0, hi_full) unmasked and [hi_full, hi) masked, the same split as step 05's forward kernel
+    raise NotImplementedError("Step 06: the key ranges [0, hi_full) unmasked and [hi_full, hi) masked, the same split as step 05's forward kernel")
     dq = _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, offs_d, 0, hi_full, N_K, qk_scale,
                    HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
@@ -283,6 +282,8 @@ def _bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m = tl.program_id(0)
     if IS_CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m          # heaviest query tiles first, as in the forward
@@ -327,6 +328,8 @@ def _bwd_fused_kernel(
     BLOCK_N1 == BLOCK_M2. The grid covers the longer of the two tile counts; a phase
     whose tile lies past its sequence is skipped.
     """
+    scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -433,6 +436,12 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     ``dkdv`` and ``dq`` (separate), ``dkdv`` (atomic) or ``fused`` (BLOCK_M1, BLOCK_N1,
     BLOCK_M2, BLOCK_N2, num_warps, num_stages; without it, ``fused_config(dkdv, dq)``).
     """
+    raise_if_stubbed(_bwd_dkdv_kernel)
+    if do.stride(-1) != 1:
+        # o.sum().backward() hands us an expanded dO with every stride 0 (CS336's harness does
+        # exactly that). The kernels take any strides, but loads along a head dim that is not
+        # contiguous cannot be vectorized: one copy costs far less than the slow loads.
+        do = do.contiguous()
     q4, k4, v4, o4, do4 = (as_bhnd(t) for t in (q, k, v, o, do))
     B, H, nq, d = q4.shape
     nk = k4.shape[2]
@@ -443,69 +452,112 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
         raise ValueError(f"dq_mode must be 'separate', 'atomic' or 'fused', got {dq_mode!r}")
     prec = _dot_precision(q.dtype)
     lse = lse.reshape(B * H, nq)
-    delta = torch.empty((B * H, nq), dtype=torch.float32, device=q.device)
-    dk = torch.empty((B, H, nk, d), dtype=k.dtype, device=q.device)
-    dv = torch.empty((B, H, nk, d), dtype=v.dtype, device=q.device)
-    if dq_mode == "atomic":
-        dq = torch.zeros((B, H, nq, d), dtype=torch.float32, device=q.device)
+    delta = q.new_empty((B * H, nq), dtype=torch.float32)
+    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    dq = q.new_zeros(q.shape, dtype=torch.float32) if dq_mode == "atomic" else q.new_empty(q.shape)
+    dq4, dk4, dv4 = as_bhnd(dq), as_bhnd(dk), as_bhnd(dv)
+    pre = configured(_bwd_preprocess, {})
+    bm = cfg["pre"]["BLOCK_M"]
+    wrap_triton(pre)[(triton.cdiv(nq, bm), B * H)](
+        o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_D=bd)
+    if dq_mode == "fused":
+        # One program per key tile and query tile: as many as the longer of the two sequences needs.
+        c = cfg.get("fused") or fused_config(cfg["dkdv"], cfg["dq"])
+        grid = (max(triton.cdiv(nk, c["BLOCK_N1"]), triton.cdiv(nq, c["BLOCK_M2"])), B * H)
+        fused = configured(_bwd_fused_kernel, c)
+        wrap_triton(fused)[grid](
+            q4, k4, v4, do4, lse, delta, dk4, dv4, dq4,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(), *dq4.stride(),
+            H, nq, nk, scale, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
     else:
-        dq = torch.empty((B, H, nq, d), dtype=q.dtype, device=q.device)
-    try:
-        bm = cfg["pre"]["BLOCK_M"]
-        _bwd_preprocess[(triton.cdiv(nq, bm), B * H)](
-            o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
-            HEAD_DIM=d, BLOCK_M=bm, BLOCK_D=bd)
-        if dq_mode == "fused":
-            # One program per key tile and query tile: as many as the longer of the two sequences needs.
-            c = cfg.get("fused") or fused_config(cfg["dkdv"], cfg["dq"])
-            grid = (max(triton.cdiv(nk, c["BLOCK_N1"]), triton.cdiv(nq, c["BLOCK_M2"])), B * H)
-            _bwd_fused_kernel[grid](
-                q4, k4, v4, do4, lse, delta, dk, dv, dq,
-                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dq.stride(),
-                H, nq, nk, scale, scale * LOG2E,
-                HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **c)
-        else:
-            c = cfg["dkdv"]
-            _bwd_dkdv_kernel[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
-                q4, k4, v4, do4, lse, delta, dk, dv, dq,
-                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk.stride(), *dq.stride(),
-                H, nq, nk, scale, scale * LOG2E,
-                HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
-                DOT_PRECISION=prec, **c)
-        if dq_mode == "separate":
-            c = cfg["dq"]
-            _bwd_dq_kernel[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
-                q4, k4, v4, do4, lse, delta, dq,
-                *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq.stride(),
-                H, nq, nk, scale, scale * LOG2E,
-                HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **c)
-    except Exception as err:
-        raise_if_unwritten(err)
-        raise
+        c = cfg["dkdv"]
+        dkdv = configured(_bwd_dkdv_kernel, c)
+        wrap_triton(dkdv)[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
+            q4, k4, v4, do4, lse, delta, dk4, dv4, dq4,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(), *dq4.stride(),
+            H, nq, nk, scale, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
+            DOT_PRECISION=prec, **tiles(c))
+    if dq_mode == "separate":
+        c = cfg["dq"]
+        dq_kernel = configured(_bwd_dq_kernel, c)
+        wrap_triton(dq_kernel)[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
+            q4, k4, v4, do4, lse, delta, dq4,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
+            H, nq, nk, scale, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
     if dq_mode == "atomic":
         dq = (dq * scale).to(q.dtype)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    return dq, dk, dv
 
 
-# %% autograd and the public API -----------------------------------------------------
+# %% The operators, autograd and the public API ----------------------------------------
+#
+# Two PyTorch operators (attnlib/ops.py says why torch.compile needs them):
+#   torch.ops.<namespace>.step06_fwd(q, k, v, is_causal, scale) -> (O, LSE)   step 05's kernel
+#   torch.ops.<namespace>.step06_bwd(q, k, v, o, lse, do, is_causal, scale, dq_mode) -> (dQ, dK, dV)
+# step06_fwd's autograd formula calls step06_bwd, so the operator trains by itself (inside a
+# compiled model too); FlashAttentionTriton, the autograd.Function that students, tests and
+# CS336's harness call, is a thin layer over the same two.
+
+def _fwd_fake(q, k, v, is_causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return triton_forward(q, k, v, is_causal, scale)
+
+
+def _bwd_fake(q, k, v, o, lse, do, is_causal, scale, dq_mode):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+              do: torch.Tensor, is_causal: bool, scale: float,
+              dq_mode: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(q, k, v, o, lse, do, is_causal, scale, dq_mode=dq_mode)
+
+
+NAMESPACE = op_namespace(__name__)
+bwd_op = kernel_op(f"{NAMESPACE}::step06_bwd", _bwd_impl, fake=_bwd_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, is_causal, scale = inputs[:5]
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.dq_mode = inputs[5] if len(inputs) > 5 else None
+
+
+def _backward(ctx, do, _dlse=None):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = bwd_op(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.dq_mode)
+    return dq, dk, dv, None, None
+
+
+fwd_op = kernel_op(f"{NAMESPACE}::step06_fwd", _fwd_impl, fake=_fwd_fake,
+                   backward=_backward, setup_context=_setup_context)
+
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """Forward: step 05's kernel. Backward: the kernels above.
+    """Forward: step 05's kernel. Backward: the kernels above. Both as the operators above.
 
-    ``apply(q, k, v, is_causal, scale, dq_mode)``; saves q, k, v, O and exactly one
-    LSE tensor (float32, ``(..., Nq)``).
+    ``apply(q, k, v, is_causal=False, scale=None, dq_mode=None)`` -> O; saves q, k, v, O and
+    exactly one LSE tensor (float32, ``(..., Nq)``).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, dq_mode=None):
-        # TODO(Step 06): o, lse = step 05's forward (imported here as triton_forward); save q, k, v, o, lse for the backward (ctx.save_for_backward) and is_causal, scale, dq_mode on ctx; return o
-        raise NotImplementedError("Step 06: o, lse = step 05's forward (imported here as triton_forward); save q, k, v, o, lse for the backward (ctx.save_for_backward) and is_causal, scale, dq_mode on ctx; return o")
+    def forward(ctx, q, k, v, is_causal=False, scale=None, dq_mode=None):
+        scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step06 FlashAttentionTriton")
+        # TODO(Step 06): o, lse = fwd_op(q, k, v, is_causal, scale) (step 05's kernel as an operator); save q, k, v, o, lse for the backward (ctx.save_for_backward) and is_causal, scale, dq_mode on ctx; return o
+        raise NotImplementedError("Step 06: o, lse = fwd_op(q, k, v, is_causal, scale) (step 05's kernel as an operator); save q, k, v, o, lse for the backward (ctx.save_for_backward) and is_causal, scale, dq_mode on ctx; return o")
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, dq_mode=ctx.dq_mode)
-        return dq, dk, dv, None, None, None
+        return *_backward(ctx, do), None
 
 
 def attention(q, k, v, is_causal=False, scale=None, dq_mode=None):
@@ -515,6 +567,8 @@ def attention(q, k, v, is_causal=False, scale=None, dq_mode=None):
     "atomic" (fp32 atomic adds) or "fused" (dK/dV and dQ in one launch, deterministic).
     """
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step06 attention")
+    if dq_mode is not None and dq_mode not in DQ_MODES:
+        raise ValueError(f"step06 attention: dq_mode must be one of {DQ_MODES} or None, got {dq_mode!r}")
     return FlashAttentionTriton.apply(q, k, v, is_causal, scale, dq_mode)
 
 

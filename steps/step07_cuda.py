@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from attnlib import check_inputs
+from attnlib.ops import extension_op, op_namespace
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_bwd.cu",
@@ -142,9 +143,64 @@ def _flat(t):
     return t
 
 
+# The extension as two PyTorch operators (attnlib/ops.py says why torch.compile needs them):
+#   torch.ops.<namespace>.step07_fwd(q, k, v, is_causal, scale, version, config) -> (O, LSE)
+#   torch.ops.<namespace>.step07_bwd(q, k, v, o, lse, do, is_causal, scale, bwd_version) -> (dQ, dK, dV)
+# The compiler cannot look inside compiled CUDA: the fakes tell it the output shapes, and
+# step07_fwd's autograd formula calls step07_bwd.
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
+              version: int, config: int) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse = build().fwd(_flat(q), _flat(k), _flat(v), bool(is_causal), float(scale), int(version), int(config))
+    return o.view(q.shape), lse.view(q.shape[:-1])
+
+
+def _fwd_fake(q, k, v, is_causal, scale, version, config):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+              do: torch.Tensor, is_causal: bool, scale: float,
+              bwd_version: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # TODO(Step 07): call build().bwd on the flattened (BH, N, D) tensors (lse as (BH, Nq)) and reshape dq, dk, dv back
+    raise NotImplementedError('Step 07: call build().bwd on the flattened (BH, N, D) tensors (lse as (BH, Nq)) and reshape dq, dk, dv back')
+
+
+def _bwd_fake(q, k, v, o, lse, do, is_causal, scale, bwd_version):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def default_bwd_version(version, dtype):
+    """Forward v1 (and any fp32 input) pairs with backward v1, v2 and v3 with v2 (tensor cores)."""
+    return 1 if version == 1 or dtype == torch.float32 else 2
+
+
+NAMESPACE = op_namespace(__name__)
+bwd_op = extension_op(f"{NAMESPACE}::step07_bwd", _bwd_impl, fake=_bwd_fake)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, is_causal, scale, version = inputs[:6]
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.is_causal, ctx.scale = is_causal, scale
+    bwd_version = inputs[7] if len(inputs) > 7 else None
+    ctx.bwd_version = default_bwd_version(version, q.dtype) if bwd_version is None else bwd_version
+
+
+def _backward(ctx, do, _dlse=None):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = bwd_op(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, ctx.bwd_version)
+    return dq, dk, dv, None, None, None, None
+
+
+fwd_op = extension_op(f"{NAMESPACE}::step07_fwd", _fwd_impl, fake=_fwd_fake,
+                      backward=_backward, setup_context=_setup_context)
+
+
 class FlashAttentionCUDA(torch.autograd.Function):
     """Forward by the chosen CUDA version; backward by the CUDA backward kernels.
 
+    ``apply(q, k, v, is_causal=False, scale=None, version=3, config=0, bwd_version=None)`` -> O.
     Saves q, k, v, o and exactly one LSE (float32, (..., Nq), natural log).
     ``config`` picks v3's tile shape (V3_CONFIGS); the other versions ignore it.
     ``bwd_version``: 1, the scalar backward, or 2, the tensor-core one; by default
@@ -152,35 +208,25 @@ class FlashAttentionCUDA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, version, config=0, bwd_version=None):
-        ext = build()
-        batch, nq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
-        o, lse = ext.fwd(_flat(q), _flat(k), _flat(v), bool(is_causal), float(scale), int(version), int(config))
-        o = o.view(*batch, nq, d)
-        lse = lse.view(*batch, nq)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.is_causal, ctx.scale = is_causal, scale
-        if bwd_version is None:
-            bwd_version = 1 if version == 1 or q.dtype == torch.float32 else 2
-        ctx.bwd_version = bwd_version
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+    def forward(ctx, q, k, v, is_causal=False, scale=None, version=3, config=0, bwd_version=None):
+        scale = _validate(q, k, v, is_causal, scale, version, "step07 FlashAttentionCUDA")
+        o, lse = fwd_op(q, k, v, is_causal, scale, version, config)
+        _setup_context(ctx, (q, k, v, is_causal, scale, version, config, bwd_version), (o, lse))
+        return o
 
     @staticmethod
-    def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        # TODO(Step 07): call build().bwd on the flattened (BH, N, D) tensors (lse as (BH, Nq)) and reshape dq, dk, dv back
-        raise NotImplementedError('Step 07: call build().bwd on the flattened (BH, N, D) tensors (lse as (BH, Nq)) and reshape dq, dk, dv back')
-        return dq, dk, dv, None, None, None, None, None
+    def backward(ctx, do):
+        return *_backward(ctx, do), None
 
 
 def attention_with_lse(q, k, v, is_causal=False, scale=None, version=3):
-    """``(O, LSE)``: O ``(..., Nq, D)`` in q's dtype, differentiable; LSE float32 ``(..., Nq)``."""
+    """``(O, LSE)``: O ``(..., Nq, D)`` in q's dtype, LSE float32 ``(..., Nq)``; no autograd."""
     s = _validate(q, k, v, is_causal, scale, version, "step07 attention_with_lse")
-    return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)
+    with torch.no_grad():
+        return fwd_op(q, k, v, is_causal, s, version, 0)
 
 
 def attention(q, k, v, is_causal=False, scale=None, version=3):
     """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2 or 3)."""
     s = _validate(q, k, v, is_causal, scale, version, "step07 attention")
-    return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)[0]
+    return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)

@@ -53,10 +53,10 @@ HOSTILE = {
     "os_exit": ([1], {1: (0.0, "crashed")}, ["the worker exited (code 0)", "os._exit()"], {}),
     "segfault": ([1, 3], {1: (0.0, "crashed"), 3: (10.0, "passed")}, ["crashed: SIGSEGV, a segmentation fault"], {}),
     "oom": ([1, 3], {1: (0.0, "failed"), 3: (10.0, "passed")}, ["allocate"], {}),
-    "tamper": ([1], {1: (2.0, "failed")}, ["O does not match the reference", "the output does not require grad"], {}),
+    "tamper": ([1], {1: (0.0, "failed")}, ["O does not match the reference", "the output does not require grad"], {}),
     "evil_pickle": ([1], {1: (0.0, "rejected")}, ["is not plain tensors and values", "the whole step scores 0"], {}),
     "reference_cheat": ([1], {1: (0.0, "rule broken")}, ["called attnlib's reference_attention/reference_backward"], {}),
-    "not_a_tensor": ([1, 2], {1: (2.0, "failed"), 2: (0.0, "missing")},
+    "not_a_tensor": ([1, 2], {1: (0.0, "failed"), 2: (0.0, "missing")},
                      ["attention must return one tensor, got list", "step02_compile.py is missing"], {}),
     "aten_sdpa": ([4], {4: (0.0, "rule broken")}, ["F.scaled_dot_product_attention ran"], {}),
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
@@ -173,7 +173,7 @@ def test_hostile_submission(graded, name):
     if name == "evil_pickle":
         assert not SENTINEL.exists(), "the grader unpickled the submission's object: its command ran"
     if name == "tamper":
-        assert g.points == 2.0
+        assert g.points == 0.0
         assert "(1e9, 1e9)" not in (REPO / "attnlib" / "compare.py").read_text(), "the repository's compare.py changed"
 
 

@@ -123,12 +123,12 @@ def test_a_triton_kernel_runs(load, monkeypatch):
     step = load(5)
     launches = []
     kernel = step._attn_fwd_kernel
+    run = kernel.run
 
-    class Counting:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return kernel[grid]
-    monkeypatch.setattr(step, "_attn_fwd_kernel", Counting())
+    def counting(*args, grid, **kwargs):     # every launch, plain or through an autotuner, ends here
+        launches.append(grid)
+        return run(*args, grid=grid, **kwargs)
+    monkeypatch.setattr(kernel, "run", counting)
     q, k, v = make_qkv(2, 3, 50, 50, 32, device=DEVICE)
     cfg = step.fwd_config(50, 50, 32, q.dtype, False, q.device.type, 6)
     check_attention(step.attention, q, k, v, grads=False)

@@ -170,12 +170,12 @@ def test_triton_kernels_run(load, monkeypatch):
 
     def count(mod, name):
         kernel = getattr(mod, name)
+        run = kernel.run
 
-        class Counting:
-            def __getitem__(self, grid):
-                launches.append(name)
-                return kernel[grid]
-        monkeypatch.setattr(mod, name, Counting())
+        def counting(*args, **kwargs):      # every launch, plain or through an autotuner, ends here
+            launches.append(name)
+            return run(*args, **kwargs)
+        monkeypatch.setattr(kernel, "run", counting)
     count(step5, "_attn_fwd_kernel")
     for name in ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_fused_kernel"):
         count(step, name)

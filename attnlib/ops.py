@@ -1,0 +1,160 @@
+"""Kernels as PyTorch operators, and the host-side checks every kernel launcher shares.
+
+Why an operator: ``torch.compile`` traces Python. A Triton kernel launched from an
+``autograd.Function`` gets traced too, and Inductor then recompiles the kernel from its
+source with its own argument types (a Python float becomes fp64, not Triton's fp32) and
+its own launch options; a CUDA extension call is opaque bytes it cannot trace at all.
+An operator registered with ``torch.library`` is a name with a schema, a fake
+implementation (shapes and dtypes only, for tracing) and an autograd formula: the
+compiler treats it as one node it knows how to handle, and the eager call is unchanged.
+
+- ``kernel_op``: a Triton-backed operator. On a GPU, ``torch.library.triton_op``
+  (Inductor sees the kernels through ``wrap_triton`` and launches them itself); under
+  Triton's CPU interpreter, ``wrap_triton`` cannot trace the interpreted function, so the
+  same body becomes an opaque ``torch.library.custom_op`` with the given fake.
+- ``extension_op``: a ``torch.library.custom_op`` around a compiled extension.
+- ``configured``: a kernel with its launch options (``num_warps``, ``num_stages``,
+  ``maxnreg``) as a one-config ``triton.autotune``, so that the options survive
+  ``torch.compile`` (Dynamo passes ``maxnreg`` through configs only).
+- ``raise_if_stubbed``: a stub's ``raise NotImplementedError`` inside a ``@triton.jit``
+  function cannot compile on a GPU (Triton has no ``raise``); this finds it on the host,
+  before any launch, and raises it as the student's ``Step NN: ...`` message.
+- ``op_namespace``: one operator namespace per implementation folder, so steps/,
+  solutions/ and a submission can be loaded in one process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+
+import torch
+
+_STUB_RAISE = re.compile(r"raise\s+NotImplementedError\(\s*(['\"])(Step \d\d:.*?)\1\s*\)")
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in its CPU interpreter (TRITON_INTERPRET=1 when triton was imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def op_namespace(module_name: str) -> str:
+    """``solutions.step06_triton_bwd`` -> ``attn_solutions``; a loader package -> ``attn_attn_impl_<hash>``."""
+    pkg = module_name.rpartition(".")[0] or module_name
+    return "attn_" + re.sub(r"\W", "_", pkg).strip("_")
+
+
+def _free_name(qualname: str) -> str:
+    """The name itself, or name_r2, name_r3... when a module is imported again (a notebook's reload)."""
+    from torch._library.custom_ops import OPDEFS
+    ns, name = qualname.split("::")
+    candidate, n = qualname, 1
+    while candidate in OPDEFS or hasattr(getattr(torch.ops, ns), candidate.split("::")[1]):
+        n += 1
+        candidate = f"{ns}::{name}_r{n}"
+    return candidate
+
+
+def _register(opdef, backward, setup_context):
+    if backward is not None:
+        opdef.register_autograd(backward, setup_context=setup_context)
+    return opdef._opoverload
+
+
+def kernel_op(qualname: str, fn, *, fake, backward=None, setup_context=None):
+    """Register ``fn`` (PyTorch ops + ``wrap_triton`` launches) as the operator ``qualname``.
+
+    Returns the ``OpOverload`` (``torch.ops.<ns>.<name>.default``): call it like ``fn``.
+    ``fake(*args)`` returns empty outputs with the real ones' shapes, dtypes and strides.
+    """
+    qualname = _free_name(qualname)
+    if interpreting():
+        opdef = torch.library.custom_op(qualname, fn, mutates_args=())
+        opdef.register_fake(fake)
+    else:
+        opdef = torch.library.triton_op(qualname, fn, mutates_args=())
+    return _register(opdef, backward, setup_context)
+
+
+def extension_op(qualname: str, fn, *, fake, backward=None, setup_context=None):
+    """Register ``fn`` (a call into a compiled extension) as an opaque operator with a fake."""
+    opdef = torch.library.custom_op(_free_name(qualname), fn, mutates_args=())
+    opdef.register_fake(fake)
+    return _register(opdef, backward, setup_context)
+
+
+_CONFIGURED: dict = {}
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+def tiles(config: dict) -> dict:
+    """A config without its launch options: the kernel's compile-time constants (BLOCK_M, ...)."""
+    return {key: val for key, val in config.items() if key not in LAUNCH_OPTIONS}
+
+
+def configured(kernel, config):
+    """``kernel`` with the launch options in ``config`` (num_warps, num_stages, maxnreg) as a one-config autotuner.
+
+    Launch it as ``wrap_triton(configured(kernel, opts))[grid](...)``, assigned to a name first
+    (``k = configured(...)``; ``wrap_triton(k)``) so that PyTorch's source scan of a triton_op
+    finds the kernel (its compile caches hash the kernel's source). A single config is launched
+    without timing anything, and ``torch.compile`` carries its options over whole (Dynamo takes
+    ``maxnreg`` from configs only, not as a launch keyword).
+    """
+    import triton
+
+    options = {key: val for key, val in config.items() if key in LAUNCH_OPTIONS}
+    if interpreting():
+        options.pop("maxnreg", None)          # a register cap means nothing to the interpreter
+    key = (kernel, tuple(sorted(options.items())))
+    tuned = _CONFIGURED.get(key)
+    if tuned is None:
+        tuned = _CONFIGURED[key] = triton.autotune(configs=[triton.Config({}, **options)], key=[])(kernel)
+    return tuned
+
+
+def _jit_functions(kernel):
+    """The ``@triton.jit`` functions a kernel's module can call (its globals), in source order."""
+    from triton.runtime.jit import JITFunction
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        kinds = (JITFunction, InterpretedFunction)
+    except ImportError:                      # pragma: no cover - older triton
+        kinds = (JITFunction,)
+    fn = kernel
+    while not hasattr(fn, "__globals__") and hasattr(fn, "fn"):      # autotuner -> jit -> function
+        fn = fn.fn
+    found = {}
+    for obj in getattr(fn, "__globals__", {}).values():
+        if isinstance(obj, kinds):
+            fn = getattr(obj, "fn", None)
+            if fn is not None and hasattr(fn, "__code__"):
+                found[id(obj)] = fn
+    return sorted(found.values(), key=lambda f: (f.__code__.co_filename, f.__code__.co_firstlineno))
+
+
+_STUBBED: dict = {}
+
+
+def raise_if_stubbed(kernel) -> None:
+    """Raise the first ``NotImplementedError('Step NN: ...')`` left in ``kernel``'s module's Triton code.
+
+    On a GPU such a ``raise`` stops Triton's compiler ("unsupported AST node") with a traceback
+    that buries the hint; in the interpreter it raises only once reached. Checked once per kernel.
+    """
+    key = id(kernel)
+    if key not in _STUBBED:
+        message = None
+        for fn in _jit_functions(kernel):
+            try:
+                src = inspect.getsource(fn)
+            except (OSError, TypeError):
+                continue
+            m = _STUB_RAISE.search(src)
+            if m:
+                message = m.group(2)
+                break
+        _STUBBED[key] = message
+    if _STUBBED[key]:
+        raise NotImplementedError(_STUBBED[key])

@@ -1,0 +1,161 @@
+"""Steps 05-07 as PyTorch operators: registered right, and usable inside a compiled model.
+
+- ``torch.library.opcheck`` on every operator: schema, fake (meta) implementation, the
+  autograd registration, and tracing through AOTAutograd (static and dynamic shapes).
+- a two-layer attention block built on the step's operator, ``torch.compile(fullgraph=True)``:
+  it compiles once, and its outputs and gradients match the same block run eagerly.
+
+On a CPU the Triton operators run in the interpreter (fp32 and fp16, small sizes; there
+they are opaque custom ops, attnlib/ops.py says why); on a GPU fp16 and bf16, and step 07.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported; conftest does the same
+
+import pytest  # noqa: E402
+
+from attnlib import make_dout, make_qkv  # noqa: E402
+from attnlib.compare import tolerance_for  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+LOWP = [torch.float16, torch.bfloat16] if GPU else [torch.float16]
+dt = lambda d: str(d).replace("torch.", "")  # noqa: E731
+CAUSAL = [False, True] if GPU else [True]      # a compile on a CPU costs ~20 s: one variant there
+needs_gpu = pytest.mark.skipif(not GPU, reason="step 07's CUDA kernels need a GPU")
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")  # interpreter
+
+
+def _opcheck(op, args):
+    # test_aot_dispatch_dynamic traces with symbolic shapes; every test runs the op on real inputs too.
+    torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration",
+                                                "test_faketensor", "test_aot_dispatch_static",
+                                                "test_aot_dispatch_dynamic"))
+
+
+OPCHECK_DTYPES = [torch.float32, *LOWP] if GPU else [torch.float32]   # each opcheck is ~20 s interpreted
+
+
+@pytest.mark.step05
+@pytest.mark.parametrize("dtype", OPCHECK_DTYPES, ids=dt)
+def test_opcheck_step05(load, dtype):
+    step = load(5)
+    q, k, v = make_qkv(2, 2, 40, 33, 32, dtype=dtype, device=DEVICE, requires_grad=True)
+    _opcheck(step.fwd_op, (q, k, v, True, 0.3))
+
+
+@pytest.mark.step06
+@pytest.mark.parametrize("dtype", OPCHECK_DTYPES, ids=dt)
+def test_opcheck_step06(load, dtype):
+    step = load(6)
+    q, k, v = make_qkv(2, 2, 40, 33, 32, dtype=dtype, device=DEVICE, requires_grad=True)
+    _opcheck(step.fwd_op, (q, k, v, True, 0.3))
+    o, lse = step.fwd_op(q.detach(), k.detach(), v.detach(), True, 0.3)
+    do = make_dout(o)
+    for mode in (None, "atomic", "fused"):
+        _opcheck(step.bwd_op, (q.detach(), k.detach(), v.detach(), o, lse, do, True, 0.3, mode))
+
+
+@pytest.mark.step07
+@needs_gpu
+@pytest.mark.parametrize("dtype", LOWP, ids=dt)
+def test_opcheck_step07(load, dtype):
+    step = load(7)
+    q, k, v = make_qkv(2, 2, 100, 77, 64, dtype=dtype, device=DEVICE, requires_grad=True)
+    _opcheck(step.fwd_op, (q, k, v, True, 0.125, 3, 0))
+    o, lse = step.fwd_op(q.detach(), k.detach(), v.detach(), True, 0.125, 3, 0)
+    _opcheck(step.bwd_op, (q.detach(), k.detach(), v.detach(), o, lse, make_dout(o), True, 0.125, 2))
+
+
+class Block(torch.nn.Module):
+    """Two layers of multi-head self-attention with projections and residuals, as a model has them."""
+
+    def __init__(self, attn, dim, heads, dtype, device, is_causal):
+        super().__init__()
+        self.attn, self.heads, self.is_causal = attn, heads, is_causal
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(dim, 3 * dim, dtype=dtype, device=device) for _ in range(2))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(dim, dim, dtype=dtype, device=device) for _ in range(2))
+
+    def forward(self, x):                                             # x: (B, N, C)
+        B, N, C = x.shape
+        for qkv, out in zip(self.qkv, self.out):
+            q, k, v = qkv(x).view(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)  # 3 x (B, h, N, d)
+            y = self.attn(q, k, v, self.is_causal)                    # (B, h, N, d)
+            x = x + out(y.transpose(1, 2).reshape(B, N, C))
+        return x
+
+
+def _compiled_matches_eager(attn, dtype, is_causal, dim=128, heads=2, n=80):
+    torch.manual_seed(0)
+    block = Block(attn, dim, heads, dtype, DEVICE, is_causal)
+    x = torch.randn(2, n, dim, dtype=dtype, device=DEVICE)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(block, fullgraph=True)
+    results = []
+    for model in (block, compiled):
+        model.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_(True)
+        y = model(xg)
+        y.float().square().mean().backward()
+        results.append([y, xg.grad] + [p.grad for p in block.parameters()])
+    y2 = compiled(x.clone().requires_grad_(True))          # same shapes: no recompilation
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, (
+        f"the block compiled {torch._dynamo.utils.counters['stats']['unique_graphs']} graphs, expected 1")
+    atol, rtol = tolerance_for(dtype)
+    names = ["output", "dx"] + [f"d{name}" for name, _ in block.named_parameters()]
+    for name, eager, comp in zip(names, *results):
+        assert comp is not None, f"{name}: no gradient in the compiled model"
+        torch.testing.assert_close(comp.float(), eager.float(), atol=4 * atol, rtol=4 * rtol,
+                                   msg=lambda m, name=name: f"compiled vs eager, {name}: {m}")
+    torch.testing.assert_close(y2, results[1][0])
+
+
+@pytest.mark.slow
+@pytest.mark.step06
+@pytest.mark.parametrize("is_causal", CAUSAL, ids=lambda c: "causal" if c else "full")
+@pytest.mark.parametrize("dtype", LOWP if GPU else [torch.float32], ids=dt)
+@pytest.mark.parametrize("via", ["function", "operator"])
+def test_compiled_block_trains_step06(load, dtype, is_causal, via):
+    """fullgraph compile of a model calling step 06: through FlashAttentionTriton.apply (what CS336's
+    harness compiles) and through the bare operator (its registered autograd)."""
+    step = load(6)
+    if via == "function":
+        attn = lambda q, k, v, c: step.FlashAttentionTriton.apply(q, k, v, c)  # noqa: E731
+    else:
+        attn = lambda q, k, v, c: step.fwd_op(q, k, v, c, q.shape[-1] ** -0.5)[0]  # noqa: E731
+    _compiled_matches_eager(attn, dtype, is_causal)
+
+
+@pytest.mark.slow
+@pytest.mark.step05
+@pytest.mark.parametrize("dtype", LOWP if GPU else [torch.float32], ids=dt)
+def test_compiled_block_trains_step05(load, dtype):
+    step = load(5)
+    _compiled_matches_eager(lambda q, k, v, c: step.FlashAttentionTritonFwd.apply(q, k, v, c), dtype, True)
+
+
+@pytest.mark.slow
+@pytest.mark.step07
+@needs_gpu
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", LOWP, ids=dt)
+def test_compiled_block_trains_step07(load, dtype, is_causal):
+    step = load(7)
+    _compiled_matches_eager(lambda q, k, v, c: step.FlashAttentionCUDA.apply(q, k, v, c), dtype, is_causal)
+
+
+@pytest.mark.step06
+@pytest.mark.skipif(not GPU, reason="under the interpreter the operators are opaque custom ops")
+def test_compile_caches_see_the_kernels(load):
+    """PyTorch's compile caches key a triton_op on its kernels' source: they must find every kernel."""
+    from torch._library.triton import get_triton_kernels_for_op
+    step = load(6)
+    for op, names in ((step.fwd_op, {"_attn_fwd_kernel"}),
+                      (step.bwd_op, {"_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_fused_kernel"})):
+        found = {getattr(k, "fn", k).__name__ for k in get_triton_kernels_for_op(op._name)}
+        assert names <= found, f"{op._name}: the cache key misses {sorted(names - found)} (found {sorted(found)})"
