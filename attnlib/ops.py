@@ -11,7 +11,8 @@ compiler treats it as one node it knows how to handle, and the eager call is unc
 - ``kernel_op``: a Triton-backed operator. On a GPU, ``torch.library.triton_op``
   (Inductor sees the kernels through ``wrap_triton`` and launches them itself); under
   Triton's CPU interpreter, ``wrap_triton`` cannot trace the interpreted function, so the
-  same body becomes an opaque ``torch.library.custom_op`` with the given fake.
+  same body becomes an opaque ``torch.library.custom_op`` with the given fake; and where
+  Inductor's launch would lose a launch option (``opaque=True``), opaque on a GPU too.
 - ``extension_op``: a ``torch.library.custom_op`` around a compiled extension.
 - ``configured``: a kernel with its launch options (``num_warps``, ``num_stages``,
   ``maxnreg``) as a one-config ``triton.autotune``, so that the options survive
@@ -62,14 +63,20 @@ def _register(opdef, backward, setup_context):
     return opdef._opoverload
 
 
-def kernel_op(qualname: str, fn, *, fake, backward=None, setup_context=None):
+def kernel_op(qualname: str, fn, *, fake, backward=None, setup_context=None, opaque=False):
     """Register ``fn`` (PyTorch ops + ``wrap_triton`` launches) as the operator ``qualname``.
 
     Returns the ``OpOverload`` (``torch.ops.<ns>.<name>.default``): call it like ``fn``.
     ``fake(*args)`` returns empty outputs with the real ones' shapes, dtypes and strides.
+    ``opaque``: a ``custom_op`` on a GPU too, so that a compiled graph calls ``fn`` itself. Needed
+    where a launch uses ``maxnreg``: Inductor relaunches a triton_op's kernels with num_warps and
+    num_stages only (torch 2.11-2.13, ``config_to_dict``), and step 06's dK/dV kernel without its
+    128-register cap took 3.20 ms instead of 2.47 at the leaderboard shape (H200,
+    results/h200/gpu-check/cs336_harness*.json).
     """
     qualname = _free_name(qualname)
-    if interpreting():
+    if opaque or interpreting() or os.environ.get("ATTN_OPAQUE_OPS", "0") not in ("", "0"):
+        # ATTN_OPAQUE_OPS=1: every operator opaque, to measure what Inductor's own launch changes.
         opdef = torch.library.custom_op(qualname, fn, mutates_args=())
         opdef.register_fake(fake)
     else:

@@ -155,7 +155,6 @@ def test_compile_caches_see_the_kernels(load):
     """PyTorch's compile caches key a triton_op on its kernels' source: they must find every kernel."""
     from torch._library.triton import get_triton_kernels_for_op
     step = load(6)
-    for op, names in ((step.fwd_op, {"_attn_fwd_kernel"}),
-                      (step.bwd_op, {"_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_fused_kernel"})):
+    for op, names in ((step.fwd_op, {"_attn_fwd_kernel"}),):     # step06_bwd is opaque (ops.py says why)
         found = {getattr(k, "fn", k).__name__ for k in get_triton_kernels_for_op(op._name)}
         assert names <= found, f"{op._name}: the cache key misses {sorted(names - found)} (found {sorted(found)})"
