@@ -23,8 +23,11 @@ stored LSE is converted back to natural log.
 
 Layout of this file: the tile helpers (``load_tile``, ``store_tile``), the inner
 loop (``_fwd_inner``), the kernel (``_attn_fwd_kernel``), the tile table
-(``fwd_config``), the launcher (``forward``), the autograd Function whose
-backward is step 04's PyTorch one, and the public ``attention``.
+(``fwd_config``), the launcher (``forward``), the launcher as a PyTorch operator
+(``fwd_op``: ``torch.library.triton_op``, so ``torch.compile`` can hold it; see
+attnlib/ops.py), the autograd Function whose backward is step 04's PyTorch one
+(``FlashAttentionTritonFwd.apply(q, k, v, is_causal)``, as CS336 calls it), and the
+public ``attention``.
 
 Coverage: any Nq, Nk >= 1 (the last tiles are masked), head dims 1..256 (padded
 to the next power of two >= 16 with masked loads: 80 and 96 run as 128), fp32

@@ -48,8 +48,11 @@ Causal: as in the forward, query tiles that see none of a key tile are skipped
 partial tiles are masked, all others run with no mask at all.
 
 Coverage as step 05: any Nq, Nk, head dims 1..256, fp32 / fp16 / bf16, any
-strides (dO too). ``FlashAttentionTriton`` is the complete autograd Function:
-step 05's forward kernel, these backward kernels.
+strides (dO too; one whose head dim is not contiguous, like the expanded dO of
+``o.sum().backward()``, is copied once). ``FlashAttentionTriton`` is the complete
+autograd Function (``apply(q, k, v, is_causal)``, as CS336 calls it): step 05's
+forward kernel, these backward kernels, both as PyTorch operators (``fwd_op``,
+``bwd_op``) so that a model calling them compiles with ``torch.compile(fullgraph=True)``.
 
 Measured on an H200 (results/h200/grid/, 2026-11-30): forward + backward 1.23-1.42x
 PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid for N >= 2048, below
