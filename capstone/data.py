@@ -1,0 +1,32 @@
+"""Training text that needs no download: the course's own sources, as bytes.
+
+Every ``*.md`` and ``*.py`` file under ``notebooks/``, ``attnlib/``, ``solutions/`` and the top level,
+in sorted order (about 1 MB): prose, math and code, enough for a byte-level model to learn
+something visible in a few hundred steps. Batches are drawn with a seeded generator, so a run is
+reproducible and two runs with different attention see the same data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def corpus() -> torch.Tensor:
+    files = sorted(p for d in ("", "notebooks", "attnlib", "solutions") for p in (REPO / d).glob("*")
+                   if p.suffix in (".md", ".py") and p.is_file())
+    data = b"\n".join(p.read_bytes() for p in files)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+def batches(data: torch.Tensor, batch: int, context: int, seed: int = 0, rank: int = 0, world: int = 1):
+    """Endless (x, y) pairs of (batch, context) int64; rank r of w draws its own slice of each global batch."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        starts = torch.randint(len(data) - context - 1, (batch * world,), generator=g)[rank * batch:(rank + 1) * batch]
+        x = torch.stack([data[s:s + context] for s in starts.tolist()])
+        y = torch.stack([data[s + 1:s + 1 + context] for s in starts.tolist()])
+        yield x, y

@@ -1,0 +1,208 @@
+"""One ``attention`` for a model: the fastest of the course's implementations that serves the inputs here.
+
+    from capstone.dispatch import attention, explain
+    o = attention(q, k, v, is_causal=True)              # impl="auto"
+    print(explain(q, k, v, is_causal=True))             # which one, and why each faster one was passed over
+    o = attention(q, k, v, is_causal=True, impl="step06")   # that one, or a ValueError saying why not
+
+The order ``auto`` tries, fastest first (results/h200/grid):
+
+    step07   CUDA kernels: a GPU of compute capability 8.0+, fp16/bf16, D in {64, 128}, the extension built
+    step06   Triton forward and backward: a GPU (on a CPU Triton runs in its interpreter: far too slow
+             for a model), D <= 256, any float dtype
+    step04   FlashAttention-2 in PyTorch: anywhere, any float dtype
+    math     SDPA's math backend (PyTorch's reference composite): anywhere, always
+
+A step whose code is not written yet (a stub's ``NotImplementedError``) is passed over with that reason:
+students get a model that trains from the first day, and it switches to their kernels as they land.
+The decision is cached per (device, dtype, D, causal) and logged once on the ``capstone.dispatch``
+logger. Which folder the steps come from: ``code=`` or ``$ATTN_IMPL`` (default ``solutions``).
+
+Tile sizes are the steps' own per-shape tables (``fwd_config``, ``bwd_config``: chosen per sequence
+length and head dim); autocast is honored by running the kernels in the autocast dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnlib.contract import check_inputs
+from attnlib.loader import load_step
+
+log = logging.getLogger("capstone.dispatch")
+
+ORDER = ("step07", "step06", "step04", "math")
+_STEP = {"step07": 7, "step06": 6, "step04": 4}
+
+
+@dataclass
+class Choice:
+    impl: str
+    fn: object = None                                                    # an autograd.Function, or _math
+    passed_over: list[tuple[str, str]] = field(default_factory=list)     # (impl, why)
+
+    def __str__(self):
+        lines = [f"attention: {self.impl}"]
+        lines += [f"  not {name}: {why}" for name, why in self.passed_over]
+        return "\n".join(lines)
+
+
+def _code(code):
+    return code or os.environ.get("ATTN_IMPL") or "solutions"
+
+
+def _math(q, k, v, is_causal, scale):
+    with sdpa_kernel([SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+def _sdpa(backend):
+    def f(q, k, v, is_causal, scale):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    f.__name__ = f"sdpa_{backend.name.lower()}"
+    return f
+
+
+def _naive(q, k, v, is_causal, scale):
+    """Step 01's formula, from the chosen folder: the N x N scores in memory."""
+    return load_step(1, _code(None)).attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+# Not in `auto`'s order: what the course's kernels are measured against (python -m capstone train --attn ...).
+BASELINES = {"sdpa-flash": _sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
+             "sdpa": F.scaled_dot_product_attention, "naive": _naive}
+
+
+def _why_not(impl, q, code) -> str | None:
+    """Why ``impl`` cannot serve these inputs on this machine (None: it can, as far as we can tell)."""
+    d, dev, dt = q.shape[-1], q.device, q.dtype
+    if impl == "math":
+        return None
+    if impl in ("step07", "step06") and dev.type != "cuda":
+        return (f"needs a CUDA GPU, the inputs are on {dev}"
+                + (" (Triton's CPU interpreter is far too slow for a model)" if impl == "step06" else ""))
+    if impl == "step07":
+        if torch.cuda.get_device_capability(dev) < (8, 0):
+            return f"needs compute capability 8.0+, {torch.cuda.get_device_name(dev)} has less"
+        if dt not in (torch.float16, torch.bfloat16):
+            return f"its tensor-core kernels take fp16/bf16, the inputs are {str(dt).replace('torch.', '')}"
+        if d not in (64, 128):
+            return f"its kernels are built for head dims 64 and 128, D is {d}"
+    if impl == "step06" and d > 256:
+        return f"head dims up to 256, D is {d}"
+    try:
+        step = load_step(_STEP[impl], _code(code))
+    except Exception as err:  # noqa: BLE001 - a missing or broken file is a reason, not a crash
+        return f"cannot import it from {_code(code)}: {type(err).__name__}: {err}"
+    if impl == "step07":
+        try:
+            step.build()
+        except Exception as err:  # noqa: BLE001
+            return f"its extension does not build here: {str(err).splitlines()[0][:200]}"
+    return None
+
+
+FUNCTIONS = {"step04": "FlashAttention2Torch", "step06": "FlashAttentionTriton", "step07": "FlashAttentionCUDA"}
+
+
+def _function(impl, code):
+    """``impl``'s autograd.Function (called ``.apply(q, k, v, is_causal, scale)``), or the math function."""
+    if impl == "math":
+        return _math
+    return getattr(load_step(_STEP[impl], _code(code)), FUNCTIONS[impl])
+
+
+def _call(fn, q, k, v, is_causal, scale):
+    return fn.apply(q, k, v, is_causal, scale) if isinstance(fn, type) else fn(q, k, v, is_causal, scale)
+
+
+_CHOICES: dict = {}
+
+
+def _autocast(q, k, v):
+    """Inside torch.autocast the kernels run in the autocast dtype, as SDPA does there."""
+    if q.device.type != "cpu" and torch.is_autocast_enabled(q.device.type):
+        dt = torch.get_autocast_dtype(q.device.type)
+    elif q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        dt = torch.get_autocast_dtype("cpu")
+    else:
+        return q, k, v
+    return q.to(dt), k.to(dt), v.to(dt)
+
+
+def _key(q, is_causal, code):
+    return (str(q.device), q.dtype, q.shape[-1], bool(is_causal), _code(code))
+
+
+def choose(q, k, v, is_causal=False, impl="auto", code=None) -> Choice:
+    """The implementation ``attention`` would run on these inputs, and why each faster one was passed over.
+
+    Decided in Python (imports, a build, a probe call): call it, or the model, once eagerly before
+    ``torch.compile`` traces it; a compiled graph then reads the cached decision.
+    """
+    if impl != "auto" and impl not in ORDER and impl not in BASELINES:
+        raise ValueError(f"impl must be 'auto', one of {ORDER} or a baseline {tuple(BASELINES)}, got {impl!r}")
+    key = _key(q, is_causal, code) + (impl,)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    if impl in BASELINES:
+        fn = BASELINES[impl]
+        _CHOICES[key] = Choice(impl, (lambda q, k, v, c, s: fn(q, k, v, is_causal=c, scale=s))
+                               if impl == "sdpa" else fn)
+        return _CHOICES[key]
+    if torch.compiler.is_compiling():
+        raise RuntimeError("capstone attention: no decision cached for these inputs; run the model (or "
+                           "capstone.dispatch.choose) once eagerly before torch.compile traces it")
+    if impl != "auto":
+        why = _why_not(impl, q, code)
+        if why:
+            raise ValueError(f"attention(impl={impl!r}) cannot serve these inputs: {why}")
+        _CHOICES[key] = Choice(impl, _function(impl, code))
+        return _CHOICES[key]
+    passed = []
+    for name in ORDER:
+        why = _why_not(name, q, code)
+        if why is None:
+            why = _probe(name, q, k, v, is_causal, code)      # a student's stub raises here, not in the model
+        if why is None:
+            _CHOICES[key] = Choice(name, _function(name, code), passed)
+            log.info("%s", _CHOICES[key])
+            return _CHOICES[key]
+        passed.append((name, why))
+    raise AssertionError("SDPA's math backend serves every input")   # pragma: no cover
+
+
+def _probe(name, q, k, v, is_causal, code) -> str | None:
+    """Run ``name`` once, forward and backward, on a small slice of these inputs: None if it runs."""
+    if name == "math":
+        return None
+    n = min(q.shape[-2], 64)
+    qs, ks, vs = (t.detach()[..., :n, :].reshape(-1, n, t.shape[-1])[:1].clone().requires_grad_(True)
+                  for t in (q, k, v))
+    try:
+        with torch.enable_grad():
+            _call(_function(name, code), qs, ks, vs, is_causal, None).float().sum().backward()
+    except NotImplementedError as err:
+        return f"not implemented yet: {err}"
+    except Exception as err:  # noqa: BLE001 - whatever breaks it here would break the model
+        return f"failed a trial call: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    return None
+
+
+def attention(q, k, v, is_causal=False, scale=None, impl="auto", code=None):
+    """The course contract on the fastest implementation that serves these inputs (see the module doc)."""
+    q, k, v = _autocast(q, k, v)
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="capstone attention")
+    return _call(choose(q, k, v, is_causal, impl, code).fn, q, k, v, is_causal, scale)
+
+
+def explain(q, k, v, is_causal=False, code=None) -> str:
+    """A few lines: the implementation ``attention(..., impl='auto')`` runs here and why not the faster ones."""
+    return str(choose(q, k, v, is_causal, "auto", code))
