@@ -159,3 +159,17 @@ def test_compile_caches_see_the_kernels(load):
     for op, names in ((step.fwd_op, {"_attn_fwd_kernel"}),):     # step06_bwd is opaque (ops.py says why)
         found = {getattr(k, "fn", k).__name__ for k in get_triton_kernels_for_op(op._name)}
         assert names <= found, f"{op._name}: the cache key misses {sorted(names - found)} (found {sorted(found)})"
+
+
+@pytest.mark.step08
+@pytest.mark.parametrize("dtype", OPCHECK_DTYPES, ids=dt)
+def test_opcheck_step08(load, dtype):
+    step = load(8)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(45, 4, 16, generator=g).to(DEVICE, dtype).requires_grad_(True)
+    k, v = (torch.randn(38, 2, 16, generator=g).to(DEVICE, dtype).requires_grad_(True) for _ in range(2))
+    cu_q = torch.tensor([0, 20, 20, 45], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 13, 13, 38], dtype=torch.int32, device=DEVICE)
+    _opcheck(step.fwd_op, (q, k, v, cu_q, cu_k, 25, 25, True, 0.25))
+    o, lse = step.fwd_op(q.detach(), k.detach(), v.detach(), cu_q, cu_k, 25, 25, True, 0.25)
+    _opcheck(step.bwd_op, (q.detach(), k.detach(), v.detach(), o, lse, make_dout(o), cu_q, cu_k, 25, 25, True, 0.25))
