@@ -8,8 +8,9 @@ In order (the timings first, on an idle GPU):
      ``o.sum().backward()``, ``triton.testing.do_bench(rep=10000, warmup=1000)``, its mean;
      step 06, SDPA's FLASH backend and cuDNN's, in the same run;
   2. the same shape in the course's harness (``python -m bench leaderboard``: a random dO, the median);
-  3. the whole test suite against solutions/, in parallel (pytest-xdist), with the compiled-model
-     tests among them;
+  3. the whole test suite against solutions/, in parallel (pytest-xdist, one file per worker: the
+     grader's tests share one session fixture that grades every planted submission), with the
+     compiled-model tests among them;
   4. the grader on solutions/ (full marks expected) and on pristine stubs generated from
      solutions/ into a scratch folder (0 expected), side by side with the tests.
 
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
             junit = out / "pytest.xml"
             with open(out / "pytest.log", "w") as f_tests:
                 tests = subprocess.Popen([PY, "-m", "pytest", "--impl", "solutions", "-q", "-p", "no:cacheprovider",
-                                          "-n", str(args.workers), f"--junitxml={junit}"],
+                                          "-n", str(args.workers), "--dist", "loadfile", f"--junitxml={junit}"],
                                          cwd=REPO, stdout=f_tests, stderr=subprocess.STDOUT, env=env)
                 grades = {}
                 for name, impl in (("grade_solutions", "solutions"), ("grade_stubs", str(pristine))):
