@@ -33,6 +33,7 @@ STEPS: dict[int, tuple[str, str]] = {
     6: ("step06_triton_bwd", "Triton backward kernels"),
     7: ("step07_cuda", "hand-written CUDA kernels"),
     8: ("step08_varlen", "ragged batches and grouped-query attention"),
+    9: ("step09_sparse", "sliding window + global tokens (block-sparse)"),
 }
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -173,3 +173,13 @@ def test_opcheck_step08(load, dtype):
     _opcheck(step.fwd_op, (q, k, v, cu_q, cu_k, 25, 25, True, 0.25))
     o, lse = step.fwd_op(q.detach(), k.detach(), v.detach(), cu_q, cu_k, 25, 25, True, 0.25)
     _opcheck(step.bwd_op, (q.detach(), k.detach(), v.detach(), o, lse, make_dout(o), cu_q, cu_k, 25, 25, True, 0.25))
+
+
+@pytest.mark.step09
+@pytest.mark.parametrize("dtype", OPCHECK_DTYPES, ids=dt)
+def test_opcheck_step09(load, dtype):
+    step = load(9)
+    q, k, v = make_qkv(1, 2, 70, 70, 16, dtype=dtype, device=DEVICE, requires_grad=True)
+    _opcheck(step.fwd_op, (q, k, v, 9, 5, True, 0.25))
+    o, lse = step.fwd_op(q.detach(), k.detach(), v.detach(), 9, 5, True, 0.25)
+    _opcheck(step.bwd_op, (q.detach(), k.detach(), v.detach(), o, lse, make_dout(o), 9, 5, True, 0.25))

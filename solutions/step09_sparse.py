@@ -1,0 +1,476 @@
+"""Step 09 -- sliding window + global tokens: block-sparse attention in Triton.
+
+Long-context models (Longformer, BigBird, Mistral's sliding window) let each token see only its
+neighbours within a ``window``, plus a few ``global`` tokens that everyone sees and that see
+everyone. The score matrix is then mostly empty, and a kernel that only visits the tiles with
+something visible does O(N * window) work instead of O(N^2):
+
+    visible(i, j) = |i - j| < window  or  j < n_global  or  i < n_global     (and j <= i if causal)
+
+``visible`` below is the one statement of the pattern, in the style of FlexAttention's
+``mask_mod``: the kernels call it on tiles of indices, and the float64 reference calls the same
+function (its ``.fn``) on index tensors to build its boolean mask.
+
+Which tiles each program visits (the tile schedule, a few integer operations per program):
+
+    forward / dQ, query tile [m0, m0 + BM):   all key tiles if the tile holds a global query;
+        else the global key tiles [0, cdiv(n_global, BN) * BN), then the window's key tiles
+        [floor((m0 - window + 1) / BN) * BN, m0 + BM + window - 1) (to m0 + BM when causal)
+    dK/dV, key tile [n0, n0 + BN):            all query tiles if the tile holds a global key;
+        else the global query tiles, then the window's query tiles
+
+A tile whose every (query, key) pair is visible runs with no mask (``_tile_full``); only the
+tiles that cross the window's edges, the diagonal or the sequence's end are masked. A query row
+may see nothing in the first tiles it visits (the window starts inside a tile): the online
+softmax then keeps m = -inf, and the update below guards exp2(-inf - -inf).
+
+Coverage: Nq, Nk >= 1 with positions aligned top-left (as the course's causal mask), head dims
+1..256, fp32 / fp16 / bf16. Every query must see at least one key: with Nq > Nk and no global
+tokens, rows far past the last key would see nothing, so ``attention_sparse`` asks Nq == Nk.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from attnlib import check_inputs
+from attnlib.ops import configured, kernel_op, op_namespace, raise_if_stubbed, tiles
+
+from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, fwd_config, load_tile, store_tile
+from .step06_triton_bwd import bwd_config
+
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
+
+
+# %% The pattern and the tile schedule ---------------------------------------------------
+
+@triton.jit
+def visible(q_idx, k_idx, WINDOW, N_GLOBAL, IS_CAUSAL: tl.constexpr):
+    """True where query ``q_idx`` sees key ``k_idx`` (broadcasting index tiles or tensors)."""
+    # >>> STUDENT: near = |q - k| < WINDOW (two comparisons); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q
+    seen = ((q_idx - k_idx) < WINDOW) & ((k_idx - q_idx) < WINDOW)
+    seen = seen | (k_idx < N_GLOBAL) | (q_idx < N_GLOBAL)
+    if IS_CAUSAL:
+        seen = seen & (k_idx <= q_idx)
+    return seen
+    # <<< STUDENT
+
+
+@triton.jit
+def _tile_full(m0, n0, N_Q, N_K, WINDOW, N_GLOBAL,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """Is every pair of query tile [m0, m0 + BM) x key tile [n0, n0 + BN) in range and visible?"""
+    inside = (m0 + BLOCK_M <= N_Q) & (n0 + BLOCK_N <= N_K)
+    near = (m0 + BLOCK_M - 1 - n0 < WINDOW) & (n0 + BLOCK_N - 1 - m0 < WINDOW)
+    seen = near | (n0 + BLOCK_N <= N_GLOBAL) | (m0 + BLOCK_M <= N_GLOBAL)
+    if IS_CAUSAL:
+        seen = seen & (n0 + BLOCK_N - 1 <= m0)
+    return inside & seen
+
+
+@triton.jit
+def _key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """The key tiles query tile [m0, m0 + BM) visits: [lo_a, hi_a) then [lo_b, hi_b), tile-aligned starts."""
+    # >>> STUDENT: hi_all = N_K, or min(m0 + BM, N_K) when causal; a tile holding a global query (m0 < N_GLOBAL) visits [0, hi_all) (so lo_b = hi_b = hi_a = hi_all); else the global key tiles [0, g_end) with g_end = min(cdiv(N_GLOBAL, BN) * BN, hi_all), then the window [max(g_end, floor(max(m0 - WINDOW + 1, 0) / BN) * BN), min(m0 + BM + WINDOW - 1, N_K), or hi_all when causal); tl.where picks per case
+    if IS_CAUSAL:
+        hi_all = tl.minimum(m0 + BLOCK_M, N_K)
+        w_hi = hi_all
+    else:
+        hi_all = N_K
+        w_hi = tl.minimum(m0 + BLOCK_M + WINDOW - 1, N_K)
+    glob = m0 < N_GLOBAL
+    g_end = tl.minimum(tl.cdiv(N_GLOBAL, BLOCK_N) * BLOCK_N, hi_all)
+    w_lo = (tl.maximum(m0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+    hi_a = tl.where(glob, hi_all, g_end)
+    lo_b = tl.where(glob, hi_all, tl.maximum(g_end, w_lo))
+    hi_b = tl.where(glob, hi_all, tl.maximum(tl.maximum(g_end, w_lo), w_hi))
+    # <<< STUDENT
+    return 0, hi_a, lo_b, hi_b
+
+
+@triton.jit
+def _query_ranges(n0, N_Q, WINDOW, N_GLOBAL, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """The query tiles that see key tile [n0, n0 + BN): [lo_a, hi_a) then [lo_b, hi_b)."""
+    # >>> STUDENT: a tile holding a global key (n0 < N_GLOBAL) is seen by every query tile from first = 0 (causal: floor(n0 / BM) * BM) to N_Q; else the global query tiles [0, g_end) with g_end = min(cdiv(N_GLOBAL, BM) * BM, N_Q) (0 when causal: they come before the key), then the window [max(g_end, floor(lo / BM) * BM), min(n0 + BN + WINDOW - 1, N_Q)) with lo = n0 when causal, max(n0 - WINDOW + 1, 0) if not; tl.where picks per case
+    if IS_CAUSAL:
+        first = (n0 // BLOCK_M) * BLOCK_M
+        w_lo = first
+        g_end = 0
+    else:
+        first = 0
+        w_lo = (tl.maximum(n0 - WINDOW + 1, 0) // BLOCK_M) * BLOCK_M
+        g_end = tl.minimum(tl.cdiv(N_GLOBAL, BLOCK_M) * BLOCK_M, N_Q)
+    glob = n0 < N_GLOBAL
+    lo_a = tl.where(glob, first, 0)
+    hi_a = tl.where(glob, N_Q, g_end)
+    lo_b = tl.where(glob, N_Q, tl.maximum(g_end, w_lo))
+    hi_b = tl.where(glob, N_Q, tl.maximum(tl.maximum(g_end, w_lo), tl.minimum(n0 + BLOCK_N + WINDOW - 1, N_Q)))
+    # <<< STUDENT
+    return lo_a, hi_a, lo_b, hi_b
+
+
+# %% Forward -----------------------------------------------------------------------------
+
+@triton.jit
+def _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                      offs_m, offs_d, m0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                      IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
+        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        full = _tile_full(m0, start_n, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        if full == 0:                                    # a boundary tile: mask it
+            seen = visible(offs_m[:, None], offs_n[None, :], WINDOW, N_GLOBAL, IS_CAUSAL) & (offs_n[None, :] < N_K)
+            s = tl.where(seen, s, float("-inf"))
+        # >>> STUDENT: step 05's online softmax update in base 2, with one guard: where m_new is -inf (nothing seen yet in the row) subtract 0 instead, so exp2 never sees -inf - -inf
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+        # <<< STUDENT
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _sparse_fwd_kernel(
+    Q, K, V, O, LSE,                                       # (B, H, N, D); LSE (B*H, Nq) fp32
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    qk_scale = tl.cast(qk_scale, tl.float32)               # fp64 when Inductor relaunches the kernel (step 05)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    O += b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    LSE += bh.to(tl.int64) * N_Q
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo_a, hi_a, lo_b, hi_b = _key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    acc, l_i, m_i = _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      offs_m, offs_d, m0, lo_a, hi_a, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                      HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      offs_m, offs_d, m0, lo_b, hi_b, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                      HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    store_tile(O, acc * (1.0 / l_i)[:, None], offs_m, offs_d, stride_om, stride_od, N_Q, HEAD_DIM)
+    tl.store(LSE + offs_m, (m_i + tl.math.log2(l_i)) * LN2, mask=offs_m < N_Q)
+
+
+# %% Backward ----------------------------------------------------------------------------
+
+@triton.jit
+def _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                       offs_n, offs_d, n0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                       IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+        do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
+        lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+        delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+        sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        pT = tl.math.exp2(sT - lse2[None, :])
+        full = _tile_full(start_m, n0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        if full == 0:
+            seen = visible(offs_m[None, :], offs_n[:, None], WINDOW, N_GLOBAL, IS_CAUSAL)
+            pT = tl.where(seen & (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), pT, 0.0)
+        # >>> STUDENT: step 06's dK/dV updates: dv += pT @ do; dsT = pT * (dpT - delta); dk += dsT @ q (casts to the operands' dtype)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        # <<< STUDENT
+    return dk, dv
+
+
+@triton.jit
+def _sparse_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,        # dK and dV share one layout (both made here)
+    H, N_Q, N_K, WINDOW, N_GLOBAL, scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    scale = tl.cast(scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DK += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DV += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
+    v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    lo_a, hi_a, lo_b, hi_b = _query_ranges(n0, N_Q, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, n0, lo_a, hi_a, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, n0, lo_b, hi_b, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    in_range = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(DK + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, (dk * scale).to(DK.dtype.element_ty),
+             mask=in_range)
+    tl.store(DV + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, dv.to(DV.dtype.element_ty),
+             mask=in_range)
+
+
+@triton.jit
+def _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                     offs_m, offs_d, m0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
+        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])
+        full = _tile_full(m0, start_n, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+        if full == 0:
+            seen = visible(offs_m[:, None], offs_n[None, :], WINDOW, N_GLOBAL, IS_CAUSAL)
+            p = tl.where(seen & (offs_n[None, :] < N_K), p, 0.0)
+        # >>> STUDENT: step 06's dQ update: dp = do @ v^T; ds = p * (dp - delta); dq += ds @ k (ds cast to k's dtype)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+        # <<< STUDENT
+    return dq
+
+
+@triton.jit
+def _sparse_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, WINDOW, N_GLOBAL, scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    scale = tl.cast(scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+    do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
+    lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+    delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo_a, hi_a, lo_b, hi_b = _key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, m0, lo_a, hi_a, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, m0, lo_b, hi_b, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd, (dq * scale).to(DQ.dtype.element_ty),
+             mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
+
+
+# %% Launchers: the dense steps' tile tables ----------------------------------------------------
+
+def forward(q, k, v, window, n_global, is_causal, scale):
+    """``(O, LSE)``: O shaped like q, LSE ``(..., Nq)`` float32."""
+    raise_if_stubbed(_sparse_fwd_kernel)
+    q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
+    B, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    o = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    o4 = as_bhnd(o)
+    cfg = fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
+    kernel = configured(_sparse_fwd_kernel, cfg)
+    wrap_triton(kernel)[(triton.cdiv(nq, cfg["BLOCK_M"]), B * H)](
+        q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
+        H, nq, nk, window, n_global, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=_pow2_dim(d), IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q.dtype), **tiles(cfg))
+    return o, lse
+
+
+def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale):
+    """``(dQ, dK, dV)`` shaped like q, k, v."""
+    raise_if_stubbed(_sparse_dkdv_kernel)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    q4, k4, v4, do4 = (as_bhnd(t) for t in (q, k, v, do))
+    B, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    bd, prec = _pow2_dim(d), _dot_precision(q.dtype)
+    delta = (do.float() * o.float()).sum(-1).reshape(B * H, nq)        # D = rowsum(dO * O)
+    lse = lse.reshape(B * H, nq)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dq4, dk4, dv4 = as_bhnd(dq), as_bhnd(dk), as_bhnd(dv)
+    cfg = bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
+    c = cfg["dkdv"]
+    dkdv = configured(_sparse_dkdv_kernel, c)
+    wrap_triton(dkdv)[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
+        q4, k4, v4, do4, lse, delta, dk4, dv4,
+        *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(),
+        H, nq, nk, window, n_global, scale, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
+    c = cfg["dq"]
+    dq_kernel = configured(_sparse_dq_kernel, c)
+    wrap_triton(dq_kernel)[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
+        q4, k4, v4, do4, lse, delta, dq4,
+        *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
+        H, nq, nk, window, n_global, scale, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
+    return dq, dk, dv
+
+
+# %% Input checks, the operators, autograd and the public API ------------------------------
+
+def check_sparse(q, k, v, window, n_global, is_causal, scale, where="step09 attention_sparse"):
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where=where,
+                         dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    for name, val in (("window", window), ("n_global", n_global)):
+        if isinstance(val, bool) or not isinstance(val, int):
+            raise ValueError(f"{where}: {name} must be an int, got {type(val).__name__}")
+    if window < 1:
+        raise ValueError(f"{where}: window must be at least 1 (a query sees itself), got {window}")
+    if not 0 <= n_global <= k.shape[-2]:
+        raise ValueError(f"{where}: n_global must be in 0..Nk={k.shape[-2]}, got {n_global}")
+    return scale
+
+
+def mask(nq, nk, window, n_global, is_causal, device=None):
+    """The boolean (Nq, Nk) mask of the pattern, from the kernels' own ``visible``: for the reference."""
+    q_idx = torch.arange(nq, device=device)[:, None]
+    k_idx = torch.arange(nk, device=device)[None, :]
+    return visible.fn(q_idx, k_idx, window, n_global, is_causal)
+
+
+def _fwd_fake(q, k, v, window, n_global, is_causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, n_global: int, is_causal: bool,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(q, k, v, window, n_global, is_causal, scale)
+
+
+def _bwd_fake(q, k, v, o, lse, do, window, n_global, is_causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+              do: torch.Tensor, window: int, n_global: int, is_causal: bool,
+              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(q, k, v, o, lse, do, window, n_global, is_causal, scale)
+
+
+NAMESPACE = op_namespace(__name__)
+bwd_op = kernel_op(f"{NAMESPACE}::step09_bwd", _bwd_impl, fake=_bwd_fake, opaque=True)   # maxnreg: ops.py
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, window, n_global, is_causal, scale = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.args = (window, n_global, is_causal, scale)
+
+
+def _backward(ctx, do, _dlse=None):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = bwd_op(q, k, v, o, lse, do, *ctx.args)
+    return dq, dk, dv, None, None, None, None
+
+
+fwd_op = kernel_op(f"{NAMESPACE}::step09_fwd", _fwd_impl, fake=_fwd_fake,
+                   backward=_backward, setup_context=_setup_context)
+
+
+class FlashAttentionSparse(torch.autograd.Function):
+    """``apply(q, k, v, window, n_global, is_causal=False, scale=None)`` -> O; saves one LSE ``(..., Nq)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, window, n_global, is_causal=False, scale=None):
+        scale = check_sparse(q, k, v, window, n_global, is_causal, scale, where="step09 FlashAttentionSparse")
+        args = (q, k, v, int(window), int(n_global), is_causal, scale)
+        o, lse = fwd_op(*args)
+        _setup_context(ctx, args, (o, lse))
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        return _backward(ctx, do)
+
+
+def attention_sparse(q, k, v, window, n_global=0, is_causal=False, scale=None):
+    """Sliding-window + global-token attention on ``(..., N, D)`` (see the module doc); Nq == Nk."""
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.shape[-2:-1] != k.shape[-2:-1]:
+        raise ValueError(f"step09 attention_sparse: a window pattern needs Nq == Nk, got {q.shape[-2]} and {k.shape[-2]}")
+    return FlashAttentionSparse.apply(q, k, v, window, n_global, is_causal, scale)
+
+
+def attention(q, k, v, is_causal=False, scale=None):
+    """The course contract: a window wider than the sequences, no global token (every pair visible)."""
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step09 attention",
+                         dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    return FlashAttentionSparse.apply(q, k, v, max(q.shape[-2], k.shape[-2]) + 1, 0, is_causal, scale)
+
+
+def attention_with_lse(q, k, v, is_causal=False, scale=None):
+    """``(O, LSE)`` of the contract, no autograd."""
+    scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step09 attention_with_lse",
+                         dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    return forward(q, k, v, max(q.shape[-2], k.shape[-2]) + 1, 0, is_causal, scale)
