@@ -1,0 +1,91 @@
+"""Step 09 on a GPU against FlexAttention with the same block mask, forward and forward + backward.
+
+    python bench/sparse_gpu.py [--out results/h200/sparse] [--budget-s 120]
+
+B=1, H=16, D=64, bf16, causal, N in {8k, 16k, 32k, 64k}, window in {256, 1024, 4096}, 0 or 64 global
+tokens. Each row is checked first (step 09 and FlexAttention against each other on the output) and
+then timed with do_bench (median). FlexAttention is compiled once per shape (its documented use),
+with the block mask built from step 09's own ``visible`` (``create_block_mask`` once per shape).
+Time should grow linearly in N at a fixed window: the ``ms_per_1k_tokens`` column shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from attnlib.loader import load_step  # noqa: E402
+from bench.core import machine_info  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--budget-s", type=float, default=120)
+    args = ap.parse_args()
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    s9 = load_step(9, "solutions")
+    flex = torch.compile(flex_attention)
+    t_end = time.monotonic() + args.budget_s
+    rows = []
+    H, D = 16, 64
+    for N in (8192, 16384, 32768, 65536):
+        for w in (256, 1024, 4096):
+            for g in (0, 64):
+                if time.monotonic() > t_end:
+                    rows.append({"N": N, "window": w, "n_global": g, "status": "skipped: budget"})
+                    continue
+                torch.manual_seed(0)
+                q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                           for _ in range(3))
+                do = torch.randn_like(q)
+
+                def mask_mod(b, h, qi, ki, w=w, g=g):
+                    return s9.visible.fn(qi, ki, w, g, True)
+
+                bm = create_block_mask(mask_mod, 1, 1, N, N, device="cuda")
+                with torch.no_grad():
+                    err = float((s9.attention_sparse(q, k, v, w, g, is_causal=True)
+                                 - flex(q, k, v, block_mask=bm)).abs().max())
+                row = {"N": N, "window": w, "n_global": g, "max_abs_diff_vs_flex": err}
+                if err > 0.05:
+                    row["status"] = "mismatch: not timed"
+                    rows.append(row)
+                    print(row, flush=True)
+                    continue
+                for mode in ("fwd", "fwd+bwd"):
+                    def ours():
+                        o = s9.attention_sparse(q, k, v, w, g, is_causal=True)
+                        if mode != "fwd":
+                            o.backward(do)
+
+                    def theirs():
+                        o = flex(q, k, v, block_mask=bm)
+                        if mode != "fwd":
+                            o.backward(do)
+                    ctx = torch.no_grad() if mode == "fwd" else torch.enable_grad()
+                    with ctx:
+                        a = float(triton.testing.do_bench(ours, warmup=25, rep=100, return_mode="median"))
+                        b = float(triton.testing.do_bench(theirs, warmup=25, rep=100, return_mode="median"))
+                    row[mode] = {"step09_ms": round(a, 4), "flex_ms": round(b, 4), "speedup_vs_flex": round(b / a, 3),
+                                 "step09_ms_per_1k_tokens": round(a / (N / 1024), 5)}
+                row["status"] = "ok"
+                rows.append(row)
+                print(row, flush=True)
+                q.grad = k.grad = v.grad = None
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "sparse.json").write_text(json.dumps({"machine": machine_info(), "H": H, "D": D,
+                                                          "dtype": "bfloat16", "causal": True, "rows": rows},
+                                                         indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
