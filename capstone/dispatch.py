@@ -44,7 +44,7 @@ _STEP = {"step07": 7, "step06": 6, "step04": 4}
 @dataclass
 class Choice:
     impl: str
-    fn: object = None                                                    # an autograd.Function, or _math
+    fn: object = None                                                    # fn(q, k, v, is_causal, scale) -> O
     passed_over: list[tuple[str, str]] = field(default_factory=list)     # (impl, why)
 
     def __str__(self):
@@ -113,14 +113,22 @@ FUNCTIONS = {"step04": "FlashAttention2Torch", "step06": "FlashAttentionTriton",
 
 
 def _function(impl, code):
-    """``impl``'s autograd.Function (called ``.apply(q, k, v, is_causal, scale)``), or the math function."""
+    """``fn(q, k, v, is_causal, scale) -> O`` for ``impl``: its autograd.Function's apply, or the math function.
+
+    A plain function closing over the Function class: what a compiled graph can trace (Dynamo has no
+    rule for isinstance() on an autograd.Function class).
+    """
     if impl == "math":
         return _math
-    return getattr(load_step(_STEP[impl], _code(code)), FUNCTIONS[impl])
+    cls = getattr(load_step(_STEP[impl], _code(code)), FUNCTIONS[impl])
+
+    def run(q, k, v, is_causal, scale):
+        return cls.apply(q, k, v, is_causal, scale)
+    return run
 
 
 def _call(fn, q, k, v, is_causal, scale):
-    return fn.apply(q, k, v, is_causal, scale) if isinstance(fn, type) else fn(q, k, v, is_causal, scale)
+    return fn(q, k, v, is_causal, scale)
 
 
 _CHOICES: dict = {}

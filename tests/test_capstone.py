@@ -34,7 +34,7 @@ def test_dispatcher_falls_back_and_says_why():
     if GPU:
         assert text.splitlines()[0] == "attention: step06", text     # fp32: step 07's kernels take fp16/bf16
         assert "not step07: its tensor-core kernels take fp16/bf16" in text
-        qh = q.half()
+        qh = make_qkv(1, 2, 40, 40, 64, device="cuda", dtype=torch.float16)[0]      # D = 64: step 07's kernels
         assert dispatch.explain(qh, qh, qh, True).splitlines()[0] == "attention: step07"
     else:
         assert text.splitlines()[0] == "attention: step04", text

@@ -4,7 +4,9 @@ The mask comes from the step's own ``visible`` (its plain-Python ``.fn`` on inde
 pattern is stated once; a second test checks that statement against the definition written out
 here. Shapes are awkward (N not a multiple of any tile), windows cross tiles, global tokens cross a
 tile boundary, and one window is wider than the sequence. Without a GPU the kernels run in Triton's
-interpreter (fp32, fp16); bf16 and FlexAttention's cross-check on a GPU.
+interpreter (fp32, fp16); bf16 on a GPU. A cross-check against FlexAttention with the same mask
+failed inside PyTorch on the H200 (torch 2.11: "all unwrapped values must be FakeTensor, int, or
+SymInt" from flex_attention's autograd path), so it lives in bench/sparse_gpu.py, which records it.
 """
 
 import os
@@ -112,22 +114,3 @@ def test_bad_input_raises(load, kwargs, match):
     args = dict(window=4, n_global=0) | kwargs
     with pytest.raises(ValueError, match=match):
         step.attention_sparse(q, k, v, **args)
-
-
-@pytest.mark.skipif(not GPU, reason="FlexAttention's cross-check compiles its kernels on a GPU")
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_matches_flex_attention(load, is_causal):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    step = load(9)
-    B, H, N, D, w, g = 1, 2, 1000, 64, 100, 16
-    q, k, v = make_qkv(B, H, N, N, D, dtype=torch.bfloat16, device=DEVICE)
-
-    def mask_mod(b, h, qi, ki):
-        return step.visible.fn(qi, ki, w, g, is_causal)
-
-    bm = create_block_mask(mask_mod, B, H, N, N, device=DEVICE)
-    ref = flex_attention(q, k, v, block_mask=bm)
-    o = step.attention_sparse(q, k, v, w, g, is_causal=is_causal)
-    ours, _ = reference_attention(q, k, v, mask=step.mask(N, N, w, g, is_causal, device=DEVICE))
-    assert_close(o, ours, name="O (step 09 against the float64 reference)")
-    assert_close(ref, ours, name="O (FlexAttention against the float64 reference)")
