@@ -1,0 +1,143 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Step 09 — sliding window + global tokens (block-sparse attention)
+#
+# At 64k tokens the causal score matrix has two billion entries per head; long-context models
+# (Longformer, BigBird, Mistral's sliding window) keep only a band of width `window` around the
+# diagonal, plus a few *global* tokens that see and are seen by everyone. A kernel that visits only
+# the tiles with something visible does work proportional to $N \cdot \text{window}$, not $N^2$.
+#
+# In this notebook you will:
+# 1. state the pattern once (`visible`), and draw it with the tiles a kernel visits;
+# 2. count the work saved;
+# 3. check your `steps/step09_sparse.py` against the float64 reference with the explicit mask;
+# 4. see why a row can have seen nothing yet, and the one-line guard the online softmax needs.
+
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
+import os
+IMPL = os.environ.get("ATTN_IMPL", "steps")
+
+from attnlib.nb import setup
+load_step, device, small = setup(IMPL)
+
+# %%
+import json
+import torch
+import matplotlib.pyplot as plt
+from attnlib import make_qkv, make_dout
+from attnlib.compare import assert_close
+from attnlib.reference import reference_attention, reference_backward
+from attnlib.nb import REPO
+step09 = load_step(9)
+RESULTS = REPO / "results" / "h200"
+
+# %% [markdown]
+# ## 1. One statement of the pattern
+#
+# $$\text{visible}(i, j) = |i - j| < w \;\lor\; j < g \;\lor\; i < g \quad(\land\; j \le i \text{ if causal})$$
+#
+# `visible` in `step09_sparse.py` is a `@triton.jit` function the kernels call on tiles of indices;
+# its plain-Python body (`visible.fn`) runs on index tensors too, which is how `step09.mask` builds
+# the boolean matrix the float64 reference uses. One statement, two uses: the idea behind
+# FlexAttention's `mask_mod`. Below, the mask of a 96-token sequence and the 16 x 16 tiles a
+# forward program visits (outlined: visited; shaded darker: masked boundary tiles).
+
+# %%
+N, w, g, T = 96, 12, 5, 16
+m = step09.mask(N, N, w, g, True)
+fig, ax = plt.subplots(figsize=(4.5, 4.5))
+ax.imshow(m, cmap="Blues", vmin=0, vmax=1.6)
+for i0 in range(0, N, T):
+    for j0 in range(0, N, T):
+        tile = m[i0:i0 + T, j0:j0 + T]
+        if tile.any():
+            ax.add_patch(plt.Rectangle((j0 - .5, i0 - .5), T, T, fill=not bool(tile.all()), alpha=0.15,
+                                       edgecolor="k", facecolor="k", lw=0.8))
+ax.set_xlabel("key j"); ax.set_ylabel("query i"); ax.set_title(f"window {w}, {g} global tokens, causal")
+plt.show()
+visited = sum(bool(m[i:i + T, j:j + T].any()) for i in range(0, N, T) for j in range(0, N, T))
+print(f"tiles visited {visited} of {(N // T) ** 2}; fully visible (no mask): "
+      f"{sum(bool(m[i:i + T, j:j + T].all()) for i in range(0, N, T) for j in range(0, N, T))}")
+
+# %% [markdown]
+# ## 2. The work saved
+#
+# Per query: `window` keys (half of a two-sided band when causal) plus the global ones, against $N$
+# (or $N/2$) for dense attention; the ratio grows with $N$ at a fixed window:
+
+# %%
+for n in (8192, 16384, 65536):
+    for win in (256, 4096):
+        dense = n * (n + 1) / 2
+        band = sum(min(i + 1, win) for i in range(0, n, 64)) * 64
+        print(f"N {n:6d}, window {win:5d}: {dense / band:6.1f}x fewer score entries than causal dense")
+
+# %% [markdown]
+# ## 3. Check your kernels
+
+# %%
+B, H, n, D = (1, 2, 131, 16) if small else (2, 8, 2000, 64)
+win, glob = (9, 5) if small else (256, 16)
+dtype = torch.float32 if small else torch.bfloat16
+q, k, v = make_qkv(B, H, n, n, D, dtype=dtype, device=device, requires_grad=True)
+for causal in (False, True):
+    q.grad = k.grad = v.grad = None
+    o = step09.attention_sparse(q, k, v, win, glob, is_causal=causal)
+    do = make_dout(o)
+    o.backward(do)
+    mk = step09.mask(n, n, win, glob, causal, device=device)
+    ref, _ = reference_attention(q, k, v, mask=mk)
+    assert_close(o, ref, name="O")
+    for name, t, r in zip(("dQ", "dK", "dV"), (q, k, v), reference_backward(q, k, v, do, mask=mk)):
+        assert_close(t.grad, r, name=name)
+    print(f"{'causal' if causal else 'full  '}: O, dQ, dK, dV match the float64 reference")
+
+# %% [markdown]
+# ## 4. A row that has seen nothing yet
+#
+# Dense causal attention visits key 0 first, and every row sees key 0: after the first tile every
+# running max $m$ is finite. Here a query tile's first visited key tile can lie entirely before some
+# rows' windows: for those rows the tile's scores are all $-\infty$, the running max stays $-\infty$,
+# and $\exp_2(s - m)$ becomes $\exp_2(-\infty + \infty)$ = NaN. The guard: where $m_\text{new}$ is
+# still $-\infty$, subtract 0 instead; $p$ and $\alpha$ are then 0, as they should be.
+
+# %%
+path = RESULTS / "sparse" / "sparse.json"
+if path.exists():
+    run = json.loads(path.read_text())
+    print(run["machine"]["gpu"], run["machine"]["date"])
+    for r in run["rows"]:
+        print(r)
+else:
+    print("no H200 run committed yet: python bench/sparse_gpu.py --out results/h200/sparse")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. `_tile_full` lets interior tiles skip the mask. How many of the tiles visited in section 1 are
+#    masked, and how does that fraction change with the window at a fixed tile size?
+# 2. Make global tokens *not* see everything (only be seen): which of `visible`, `_key_ranges` and
+#    `_query_ranges` change? Which test fails first if you change only `visible`?
+# 3. Dilated windows (every second key) are another common pattern: write its `visible` and say
+#    which tiles the schedule must visit.
+#
+# ## References
+#
+# - I. Beltagy, M. Peters, A. Cohan, *Longformer: The Long-Document Transformer* (2020).
+# - M. Zaheer et al., *Big Bird: Transformers for Longer Sequences* (2020).
+# - PyTorch's FlexAttention (`torch.nn.attention.flex_attention`), `mask_mod` and `create_block_mask`.
