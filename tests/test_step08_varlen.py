@@ -65,9 +65,13 @@ def reference(q, k, v, cu_q, cu_k, is_causal, do=None):
     return outs
 
 
+# On a CPU (the interpreter) fp16 runs on one batch; on a GPU every dtype on every batch.
+RUNS = [(name, dtype) for name in sorted(BATCHES) for dtype in DTYPES
+        if GPU or dtype == torch.float32 or name == "gqa"]
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=dt)
-@pytest.mark.parametrize("name", sorted(BATCHES))
+@pytest.mark.parametrize("name, dtype", RUNS, ids=[f"{n}-{dt(d)}" for n, d in RUNS])
 def test_forward_and_backward(load, name, dtype, is_causal):
     step = load(8)
     q, k, v, cu_q, cu_k, mq, mk = packed(name, dtype)

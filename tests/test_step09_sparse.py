@@ -53,9 +53,13 @@ def test_visible_is_the_stated_pattern(load):
                                         f"{' (and j <= i)' if causal else ''} at {(got != want).nonzero()[:4].tolist()}")
 
 
+# On a CPU (the interpreter, ~2 s a run) fp16 runs on one pattern; on a GPU every dtype on every pattern.
+RUNS = [(name, dtype) for name in sorted(PATTERNS) for dtype in DTYPES
+        if GPU or dtype == torch.float32 or name == "window+global"]
+
+
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=dt)
-@pytest.mark.parametrize("name", sorted(PATTERNS))
+@pytest.mark.parametrize("name, dtype", RUNS, ids=[f"{n}-{dt(d)}" for n, d in RUNS])
 def test_forward_and_backward(load, name, dtype, is_causal):
     step = load(9)
     B, H, N, D, w, g = PATTERNS[name]
