@@ -1,0 +1,114 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Capstone — the course's attention inside a GPT that trains
+#
+# Every step so far was checked as a function on random tensors. A kernel is ready for real use
+# when a model trains with it: inside autograd and mixed precision, inside `torch.compile`, across
+# processes, and with a fallback where it cannot run. This notebook trains a small GPT (`capstone/`)
+# whose every attention call goes through a dispatcher over the course's steps.
+#
+# In this notebook you will:
+# 1. ask the dispatcher what it would run here, and why it passed over the faster ones;
+# 2. train the GPT with the course's attention and with SDPA's math backend, and compare the curves;
+# 3. see what a step that is still a stub does to the model (nothing: it is passed over, with its hint);
+# 4. read the commands for mixed precision, `torch.compile`, and two GPUs.
+
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
+import os
+IMPL = os.environ.get("ATTN_IMPL", "steps")
+
+from attnlib.nb import setup
+load_step, device, small = setup(IMPL)
+
+# %%
+import torch
+import matplotlib.pyplot as plt
+from capstone import dispatch
+from capstone.__main__ import parse, train
+
+# %% [markdown]
+# ## 1. What runs here, and why
+#
+# `auto` tries step 07 (CUDA: sm_80+, fp16/bf16, D in {64, 128}), step 06 (Triton on a GPU), step 04
+# (PyTorch, anywhere) and SDPA's math backend, in that order, and takes the first that can serve the
+# inputs and passes a trial call. Each one passed over comes with its reason.
+
+# %%
+for dtype in ((torch.float32,) if small else (torch.float32, torch.bfloat16)):
+    q = torch.zeros(1, 8, 256, 64, device=device, dtype=dtype)
+    print(f"{str(dtype).replace('torch.', '')}:\n{dispatch.explain(q, q, q, True)}\n")
+
+# %% [markdown]
+# ## 2. Train it
+#
+# The data is the course's own text (its markdown and Python files, read as bytes): no download.
+# Two runs from the same seed, on the same batches: the course's attention (`auto`) and SDPA's math
+# backend. In fp32 the curves should lie on each other; they differ only by the rounding of the
+# attention's arithmetic.
+
+# %%
+steps = 40 if small else 200
+size = [] if small else ["--size", "small", "--dtype", "bf16"]
+ours, _ = train(parse(["train", "--quiet", "--steps", str(steps), "--context", "128", *size]))
+ref, _ = train(parse(["train", "--quiet", "--steps", str(steps), "--context", "128", "--attn", "math", *size]))
+plt.figure(figsize=(6, 3.2))
+plt.plot(ours["losses"], label=f"course ({ours['chose']})")
+plt.plot(ref["losses"], "--", label="SDPA math")
+plt.xlabel("step"); plt.ylabel("loss"); plt.legend(); plt.title("the same model, two attentions")
+plt.show()
+print(f"largest gap between the curves: {max(abs(a - b) for a, b in zip(ours['losses'], ref['losses'])):.2e}")
+print(f"tokens/s: course {ours['tokens_per_s']:,.0f}, SDPA math {ref['tokens_per_s']:,.0f} (on a CPU these say little)")
+
+# %% [markdown]
+# ## 3. A step that is still a stub
+#
+# Point the dispatcher at pristine stubs and it falls back to SDPA's math backend, saying which
+# region of which step is still to be written. A student's model trains from the first day and
+# switches to their own kernels as they land.
+
+# %%
+import tempfile
+from pathlib import Path
+from attnlib import stubgen
+with tempfile.TemporaryDirectory() as tmp:
+    stubgen.write(stubgen.SOLUTIONS, Path(tmp) / "pristine", force=True) if stubgen.SOLUTIONS.is_dir() else None
+    q = torch.zeros(1, 2, 32, 16)
+    if (Path(tmp) / "pristine").is_dir():
+        print(dispatch.explain(q, q, q, True, code=str(Path(tmp) / "pristine")))
+
+# %% [markdown]
+# ## 4. On a GPU
+#
+# ```bash
+# python -m capstone explain --size small --dtype bf16
+# python -m capstone train --attn step06 --size small --dtype bf16 --steps 200 --compile --out run.json
+# python -m capstone train --attn sdpa-flash --size small --dtype bf16 --steps 200 --out ref.json
+# python -m capstone train --attn step07 --size small --dtype fp16 --steps 200      # with a gradient scaler
+# torchrun --nproc-per-node 2 -m capstone train --attn step06 --size small --dtype bf16   # DDP, NCCL
+# ```
+#
+# `--compile` compiles the whole model with `fullgraph=True`: the course's kernels are registered
+# operators (notebook 06, section 9), so nothing breaks the graph. The dispatcher decides eagerly,
+# before compiling (a trial call, an extension build), and the compiled graph reads its decision.
+#
+# ## Exercises
+#
+# 1. Run section 2 with `--attn step04` on the stubs after you finish step 04's forward only: where
+#    does the dispatcher's trial call fail, and what does it report?
+# 2. At which context length does attention take half of a training step of the `small` model? Use
+#    `python -m bench profile` or `torch.profiler` on one step.
