@@ -46,7 +46,7 @@ def _package_for(root: Path) -> str:
 
 
 def load_step(step: int, impl: str | os.PathLike | None = None):
-    """Return the module of step ``step`` (1-7) from the chosen folder."""
+    """Return the module of step ``step`` (a key of ``STEPS``) from the chosen folder."""
     if step not in STEPS:
         raise ValueError(f"no step {step}; steps are {sorted(STEPS)}")
     root = impl_root(impl)

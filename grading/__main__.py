@@ -1,4 +1,4 @@
-"""Command line: ``python -m grading [grade options] | batch | autograder | release``."""
+"""Command line: ``python -m grading [grade options] | batch | autograder | release | doctor``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "out" / "grading"
 
+from attnlib.contract import STEPS  # noqa: E402
+
 
 def _steps(values):
     out = []
@@ -17,8 +19,8 @@ def _steps(values):
         for part in str(v).split(","):
             if part.strip():
                 n = int(part)
-                if not 1 <= n <= 7:
-                    raise argparse.ArgumentTypeError(f"no step {n}: steps are 1-7")
+                if n not in STEPS:
+                    raise argparse.ArgumentTypeError(f"no step {n}: steps are {min(STEPS)}-{max(STEPS)}")
                 out.append(n)
     return sorted(set(out)) or None
 
@@ -85,9 +87,20 @@ def main(argv=None) -> int:
     if argv and argv[0] in ("autograder", "release"):
         from .package import main as package_main
         return package_main(argv)
+    if argv and argv[0] == "doctor":
+        return doctor()
     if argv and argv[0] == "grade":
         argv = argv[1:]
     return grade_main(argv)
+
+
+def doctor() -> int:
+    """Which of the worker's protections are active on this machine."""
+    from .sandbox import protections
+    print("The grader's protections of a worker on this machine:")
+    for name, active, how in protections():
+        print(f"  [{'x' if active else ' '}] {name}  ({how})")
+    return 0
 
 
 if __name__ == "__main__":

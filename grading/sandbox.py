@@ -263,6 +263,84 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _children() -> dict[int, list[int]]:
+    """ppid -> [pid] for every process this user can see."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _tree_rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` and all its descendants: forked children share one cap."""
+    kids = _children()
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _rss_mb(p)
+        todo.extend(kids.get(p, []))
+    return total
+
+
+# ---------------------------------------------------------------------------
+# OS isolation: a PID, mount and network namespace per worker
+# ---------------------------------------------------------------------------
+#
+# With util-linux `unshare` and root (Gradescope's image, a CI container, an instructor's machine
+# with sudo), each worker runs as PID 1 of its own PID namespace, with its own /proc (it cannot see
+# or signal the grader, or open /proc/<grader>/fd/1), no network, and the grader's library
+# (grading/, attnlib/, the hidden tests beside them) bind-mounted read-only. When the worker ends,
+# the kernel kills everything left in its namespace: a detached daemon does not survive it.
+# Elsewhere the worker runs as before (its own session, killed as a group), and `python -m grading
+# doctor` says which protections are active.
+
+_NAMESPACES: bool | None = None
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--kill-child"]
+READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+
+
+def namespaces_available() -> bool:
+    """Can this process give a worker its own PID, mount and network namespace? (Probed once.)"""
+    global _NAMESPACES
+    if _NAMESPACES is None:
+        _NAMESPACES = False
+        if os.environ.get("ATTN_GRADER_NO_NAMESPACES") != "1" and os.geteuid() == 0 and shutil.which("unshare"):
+            try:
+                with tempfile.TemporaryDirectory() as d:     # inside: PID 1, and the folder not writable
+                    probe = subprocess.run(UNSHARE + ["sh", "-c", READ_ONLY, d, "sh", "-c",
+                                                      'test $$ = 1 && ! touch "$0/probe" 2>/dev/null', d],
+                                           capture_output=True, timeout=20)
+                    _NAMESPACES = probe.returncode == 0 and not os.path.exists(os.path.join(d, "probe"))
+            except (OSError, subprocess.SubprocessError):
+                _NAMESPACES = False
+    return _NAMESPACES
+
+
+def protections() -> list[tuple[str, bool, str]]:
+    """(protection, active here, how) for `python -m grading doctor`."""
+    ns = namespaces_available()
+    return [
+        ("own session, killed as a group at the end", True, "always"),
+        ("address-space cap (CPU), file-size cap, no core dumps", True, "setrlimit in the worker"),
+        ("wall-clock timeout and a resident-memory cap over the whole process tree", True, "the grader's watchdog"),
+        ("own PID namespace: cannot see or signal the grader; no process survives the worker", ns,
+         "unshare --pid --fork --mount-proc (needs root and util-linux)"),
+        ("no network", ns, "unshare --net"),
+        ("grader library read-only inside the worker", ns, "a read-only bind mount in the worker's mount namespace"),
+        ("an unprivileged worker user can be given", os.geteuid() == 0, "--worker-user (the grader must be root)"),
+    ]
+
+
 def _kill_group(pgid: int):
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -314,6 +392,8 @@ def run_worker(*, base: Path, lib: Path, step: int, root: Path, items: list, rul
     if not has_gpu:   # a CUDA context maps far more address space than it uses: the watchdog caps RSS there
         limits.append((resource.RLIMIT_AS, int(memory_mb) * 2 ** 20))
     cmd = [sys.executable, "-I", "-c", BOOT.format(limits=limits, repo=str(lib)), str(base / "task.pt")]
+    if namespaces_available():
+        cmd = UNSHARE + ["sh", "-c", READ_ONLY, str(Path(lib).resolve())] + cmd
     kwargs = {}
     if user:
         pw = pwd.getpwnam(user)
@@ -335,7 +415,7 @@ def run_worker(*, base: Path, lib: Path, step: int, root: Path, items: list, rul
             elapsed = time.monotonic() - t0
             if elapsed > timeout_s:
                 run.timed_out = True
-            elif _rss_mb(proc.pid) > memory_mb:
+            elif _tree_rss_mb(proc.pid) > memory_mb:
                 run.memory_killed = True
             if run.timed_out or run.memory_killed:
                 _kill_group(proc.pid)

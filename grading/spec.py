@@ -59,6 +59,10 @@ STEP_SPECS: dict[int, StepSpec] = {
     5: StepSpec(_FLASH, ("no_reference", "no_sdpa", "triton_fwd"), runs_on="triton"),
     6: StepSpec(_FLASH, ("no_reference", "no_sdpa", "triton_fwd", "triton_bwd"), runs_on="triton"),
     7: StepSpec(_FLASH, ("no_reference", "no_sdpa", "extension"), runs_on="cuda"),
+    # 08, 09: graded through their dense `attention` (every (batch, head) a packed sequence; a window
+    # wider than the sequence); step 08's Function saves its LSE as (H, total_q), so no autograd group.
+    8: StepSpec(_BASE + ("lse",), ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
+    9: StepSpec(_FLASH, ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
 }
 assert set(STEP_SPECS) == set(STEPS)
 

@@ -48,12 +48,18 @@ SENTINEL = Path("/tmp/attn_grading_evil_pickle_ran")
 
 # name -> (steps graded, expected {step: (points, status)}, strings the report must hold, config tweaks).
 # A step the folder lacks is "missing"; step 03, where listed, is the solution's: it must keep its 10 points.
+NAMESPACES = sandbox.namespaces_available()
 HOSTILE = {
     "infinite_loop": ([1], {1: (0.0, "timed out")}, ["timed out: the step ran past its 12 s limit"], {"timeout_s": 12}),
     "os_exit": ([1], {1: (0.0, "crashed")}, ["the worker exited (code 0)", "os._exit()"], {}),
     "segfault": ([1, 3], {1: (0.0, "crashed"), 3: (10.0, "passed")}, ["crashed: SIGSEGV, a segmentation fault"], {}),
     "oom": ([1, 3], {1: (0.0, "failed"), 3: (10.0, "passed")}, ["allocate"], {}),
-    "tamper": ([1], {1: (0.0, "failed")}, ["O does not match the reference", "the output does not require grad"], {}),
+    # In its own mount namespace (root + unshare) the worker finds the grader's library read-only and its
+    # rewrite of compare.py fails at import; elsewhere the write lands in the worker's copy, is caught
+    # afterwards, and its wrong output fails.
+    "tamper": ([1], {1: (0.0, "import error" if NAMESPACES else "failed")},
+               ["Read-only file system"] if NAMESPACES else
+               ["O does not match the reference", "the output does not require grad"], {}),
     "evil_pickle": ([1], {1: (0.0, "rejected")}, ["is not plain tensors and values", "the whole step scores 0"], {}),
     "reference_cheat": ([1], {1: (0.0, "rule broken")}, ["called attnlib's reference_attention/reference_backward"], {}),
     "not_a_tensor": ([1, 2], {1: (0.0, "failed"), 2: (0.0, "missing")},
