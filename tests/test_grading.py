@@ -275,10 +275,14 @@ def test_batch_grades_everyone_despite_broken_submissions(tmp_path):
     assert float(rows["crashes"]["total"]) == 0.0 and rows["crashes"]["step01_status"] == "crashed"
     assert rows["broken"]["step01_status"] == "import error" and "SyntaxError" in rows["broken"]["first_failure"]
     assert (tmp_path / "out" / "good" / "results.json").exists()
-    # It rewrote its own grader's copy of attnlib/compare.py: caught, and nobody else's grade moved.
-    assert rows["rewrites_grader"]["step01_status"] == "rejected", rows["rewrites_grader"]
+    # It rewrote its own grader's copy of attnlib/compare.py: caught (or, in its own mount namespace,
+    # refused: the library is read-only there), and nobody else's grade moved.
+    if NAMESPACES:
+        assert rows["rewrites_grader"]["step01_status"] == "failed", rows["rewrites_grader"]
+    else:
+        assert rows["rewrites_grader"]["step01_status"] == "rejected", rows["rewrites_grader"]
+        assert "attnlib/compare.py" in rows["rewrites_grader"]["first_failure"]
     assert float(rows["rewrites_grader"]["total"]) == 0.0
-    assert "attnlib/compare.py" in rows["rewrites_grader"]["first_failure"]
     assert (REPO / "attnlib" / "compare.py").read_text() == before
 
 
