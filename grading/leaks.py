@@ -133,7 +133,7 @@ def _texts(path: Path):
                 parts.append("".join(o.get("text", [])))
                 for v in (o.get("data") or {}).values():
                     parts.append("".join(v) if isinstance(v, list) else str(v))
-            yield f"cell {j}", "\n".join(parts)
+            yield f"cell {j}", "\n".join(x.rstrip("\n") for x in parts)     # line N: counted over source, then outputs
         return
     yield "", raw
 
