@@ -37,7 +37,7 @@ from attnlib.contract import STEPS
 from grading import config as cfg
 from grading import sandbox
 from grading.grade import Grader, released_steps
-from grading.report import details, gradescope, junit
+from grading.report import details, gradescope, junit, table
 from grading.spec import step_needs_gpu
 
 REPO = Path(__file__).resolve().parent.parent
@@ -385,23 +385,77 @@ def test_autograder_zip_follows_gradescope(tmp_path):
         subprocess.run(["bash", "-n", str(REPO / "grading" / "gradescope" / script)], check=True)
 
 
-@pytest.mark.slow
-def test_student_release(tmp_path):
-    from attnlib import stubgen
-    from grading.package import _student_notebook, build_release
-    rep = build_release(tmp_path / "release", force=True)
-    rel = tmp_path / "release"
-    assert not (rel / "solutions").exists() and not (rel / "tests" / "grading_fixtures").exists()
-    assert not list(rel.rglob("hidden.toml")) and not (rel / "tests" / "test_grading.py").exists()
-    assert stubgen.drift(REPO / "solutions", rel / "steps") == []
-    assert "--impl solutions" not in (rel / "Makefile").read_text()
-    assert rep["copied"] > 20
-    # A notebook left pointing at the solutions, with outputs, comes out pointing at steps/, clean.
-    nb = tmp_path / "nb.ipynb"
-    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "execution_count": 3, "metadata": {},
-                                         "outputs": [{"output_type": "stream", "name": "stdout", "text": "x"}],
-                                         "source": ['IMPL = os.environ.get("ATTN_IMPL", "solutions")\n']}],
-                              "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    assert _student_notebook(nb)
-    cell = json.loads(nb.read_text())["cells"][0]
-    assert '"steps")' in "".join(cell["source"]) and cell["outputs"] == [] and cell["execution_count"] is None
+# ---------------------------------------------------------------------------
+# What a student sees: Gradescope's rules (no grading here: results built by hand)
+# ---------------------------------------------------------------------------
+
+def _grade_by_hand(hidden_passes: bool = False, step_status: str = "failed", message: str = ""):
+    """Step 01 with a visible forward group (2 checks, 1 failing), a GPU-only lowp group, and an
+    after-due-date group that hides its details (2 checks)."""
+    from grading.config import Group
+    from grading.evaluate import CheckResult
+    from grading.grade import Grade, GroupResult, StepResult
+
+    def group(name, points, **kw):
+        return Group(step=1, name=name, kind=kw.pop("kind", name), points=points, cases=[], causal=[False],
+                     scales=[], **kw)
+    fwd = GroupResult(group("forward", 4), [CheckResult("forward", "2x3-q1-k1-d16", "passed"),
+                                           CheckResult("forward", "1x2-q17-k40-d32 causal", "failed",
+                                                       "O is wrong (12.00% bad)\nlikely bug: the causal mask is off by one")])
+    fwd.points = 2.0
+    lowp = GroupResult(group("lowp", 0, needs_gpu=True), graded=False, note="needs a GPU")
+    hid = GroupResult(group("hidden_shapes", 7, kind="forward", visibility="after_due_date", reveal=False, hidden=True),
+                      [CheckResult("hidden_shapes", "1x3-q70-k70-d48", "passed"),
+                       CheckResult("hidden_shapes", "1x3-q70-k70-d48 causal", "passed" if hidden_passes else "failed",
+                                   "O is wrong at 1x3-q70-k70-d48")])
+    hid.points = 7.0 if hidden_passes else 3.5
+    s = StepResult(1, "step01_naive", "naive PyTorch attention", step_status, [fwd, lowp, hid],
+                   message=message or "forward 1x2-q17-k40-d32 causal: O is wrong")
+    return Grade("sub", [s], 1.0, has_gpu=False)
+
+
+def _student_sees(g) -> str:
+    """Everything Gradescope shows a student at once: the top-level output and every visible test."""
+    gs = gradescope(g)
+    return gs["output"] + "\n" + "\n".join(json.dumps(t) for t in gs["tests"] if t["visibility"] == "visible")
+
+
+def test_hidden_groups_points_and_the_total_stay_hidden():
+    g = _grade_by_hand()
+    seen = _student_sees(g)
+    assert g.points == 5.5 and g.max_points == 11
+    for secret in ("5.5", "11", "3.5", "/7", "Total", "q70", "hidden_shapes"):
+        assert secret not in seen, f"a student sees {secret!r} while a group is hidden:\n{seen}"
+    assert "2/4" in seen and "1/2" in seen                       # the visible group's own score and checks
+    # Hidden passes and visible fails: the visible table must not tell which.
+    assert "visible tests passed" not in _student_sees(_grade_by_hand(hidden_passes=True))
+    # A whole-step status whose message names a hidden check says only that it was a hidden one.
+    g = _grade_by_hand(step_status="timed out", message="timed out: the step ran past its 120 s limit while "
+                       "running hidden_shapes 1x3-q70-k70-d48 causal (an infinite loop?)")
+    seen = _student_sees(g)
+    assert "q70" not in seen and "a hidden check" in seen, seen
+    # Once nothing is hidden, the total is back.
+    g = _grade_by_hand()
+    g.steps[0].groups[2].group.visibility = "visible"
+    assert "Total 5.5/11" in gradescope(g)["output"]
+
+
+def test_gradescope_tests_are_numbered_without_gaps_and_say_not_implemented_once():
+    from grading.evaluate import CheckResult
+    g = _grade_by_hand()
+    assert [t["number"] for t in gradescope(g)["tests"]] == ["1.1", "1.2"]      # lowp (GPU only) is left out
+    s = g.steps[0]
+    s.status, s.message = "not implemented", "not implemented: Step 01: compute softmax(QK^T * scale) V"
+    s.groups[0].checks = [CheckResult("forward", f"case{i}", "not implemented", s.message) for i in range(3)]
+    out = gradescope(g)["tests"][0]["output"]
+    assert out.count("Step 01: compute") == 1 and "not implemented: not implemented" not in out, out
+    assert "not implemented: not implemented" not in table(g) and "not implemented: Step 01" in table(g)
+
+
+def test_repeated_failure_messages_are_shown_once():
+    from grading.evaluate import CheckResult
+    g = _grade_by_hand()
+    msg = "O is wrong (100.00% bad)\nlikely bug: the accumulator is not rescaled"
+    g.steps[0].groups[0].checks = [CheckResult("forward", f"case{i}", "failed", msg) for i in range(3)]
+    out = gradescope(g)["tests"][0]["output"]
+    assert out.count("accumulator is not rescaled") == 1 and out.count("the same as case0") == 2, out
