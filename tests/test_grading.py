@@ -459,3 +459,42 @@ def test_repeated_failure_messages_are_shown_once():
     g.steps[0].groups[0].checks = [CheckResult("forward", f"case{i}", "failed", msg) for i in range(3)]
     out = gradescope(g)["tests"][0]["output"]
     assert out.count("accumulator is not rescaled") == 1 and out.count("the same as case0") == 2, out
+
+
+# ---------------------------------------------------------------------------
+# The global time budget: a slow submission keeps what was graded before the deadline
+# ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_run_cut_by_its_budget_still_writes_what_it_graded(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    shutil.copyfile(REPO / "solutions" / "step01_naive.py", sub / "step01_naive.py")
+    shutil.copyfile(FIX / "hostile" / "infinite_loop" / "step01_naive.py", sub / "step03_sdpa.py")   # never returns
+    shutil.copyfile(REPO / "solutions" / "step04_flash_torch.py", sub / "step04_flash_torch.py")
+    budget = 60
+    t0 = time.monotonic()
+    out, _ = run_cli("--impl", str(sub), "--step", "1,3,4", "--config", str(TEST_CONFIG), "--jobs", "1",
+                     "--budget-s", str(budget), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"))
+    secs = time.monotonic() - t0
+    assert secs < budget + 10, f"the run took {secs:.0f} s against a {budget} s budget\n{out}"
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    steps = res["extra_data"]["steps"]
+    assert steps["step01_naive"]["status"] == "passed" and steps["step01_naive"]["points"] == 10, out
+    assert steps["step03_sdpa"]["status"] == "timed out" and steps["step04_flash_torch"]["status"] == "out of time", out
+    assert res["score"] == 10 and steps["step04_flash_torch"]["max"] > 0, res["score"]
+    assert f"of the grading run's {budget:g} s budget" in out and "budget ran out" in out, out
+
+
+def test_the_grade_so_far_is_reported_after_every_step(tmp_path):
+    """`on_step` sees each step land; the steps not graded yet count 0, saying why."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "step01_naive.py").write_text("raise NotImplementedError('Step 01: not yet')\n")
+    seen = []
+    Grader(cfg.load(TEST_CONFIG), jobs=1, threads=1).grade(sub, [1, 3], on_step=seen.append)
+    assert [[s.status for s in g.steps] for g in seen] == [
+        ["out of time", "out of time"], ["not implemented", "out of time"], ["not implemented", "missing"]]
+    assert "stopped before this step finished" in seen[1].steps[1].message
+    assert seen[1].max_points == seen[2].max_points > 0          # an unfinished step counts against the total
+    json.dumps(gradescope(seen[1]))                               # and is a valid results.json
