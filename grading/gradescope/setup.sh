@@ -19,7 +19,7 @@ CPU_INDEX=https://download.pytorch.org/whl/cpu
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
-apt-get install -y --no-install-recommends python3 python3-dev python3-venv python3-pip g++ ca-certificates
+apt-get install -y --no-install-recommends python3 python3-dev python3-venv g++ ca-certificates
 
 python3 -m venv "$VENV"
 PIP="$VENV/bin/pip"
