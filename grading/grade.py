@@ -129,12 +129,50 @@ def released_steps() -> list[int]:
 
 
 def resolve_impl(impl: str | os.PathLike) -> Path:
+    return find_submission(impl)[0]
+
+
+SKIP_FOLDERS = ("__MACOSX", "__pycache__", ".git", ".venv", "node_modules")
+
+
+def _step_files(folder: Path) -> list[str]:
+    return sorted(f"{mod}.py" for mod, _ in STEPS.values() if (folder / f"{mod}.py").is_file())
+
+
+def find_submission(impl: str | os.PathLike) -> tuple[Path, str]:
+    """The folder that holds the stepNN_*.py files, and a note ("" when they were found plainly).
+
+    Looked for, in order: the folder itself, its steps/, then each subfolder and its steps/ (a zip
+    of the whole course unpacks to attention-course/steps/...). When no step file is anywhere there,
+    the note lists where the grader looked and the files it saw, so the student can tell what to fix."""
     if str(impl) in ("steps", "solutions"):
-        return REPO / str(impl)
+        return REPO / str(impl), ""
     p = Path(impl).expanduser().resolve()
     if not p.is_dir():
         raise FileNotFoundError(f"{impl}: no such folder")
-    return sandbox.find_submission_root(p)
+    if _step_files(p):
+        return p, ""
+    if _step_files(p / "steps"):
+        return p / "steps", ""
+    subs = sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name not in SKIP_FOLDERS)
+    found = [c for d in subs for c in (d, d / "steps") if _step_files(c)]
+    if found:
+        best = max(found, key=lambda c: len(_step_files(c)))      # the first of the fullest, in name order
+        note = "" if len(found) == 1 else (
+            f"step files in {len(found)} folders ({', '.join(c.relative_to(p).as_posix() + '/' for c in found)}): "
+            f"graded {best.relative_to(p).as_posix()}/, which has the most")
+        return best, note
+    seen = []
+    for dirpath, dirnames, names in os.walk(p):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_FOLDERS)
+        if len(Path(dirpath).relative_to(p).parts) >= 3:
+            dirnames[:] = []
+        seen += [(Path(dirpath) / n).relative_to(p).as_posix() for n in sorted(names)]
+    shown = ", ".join(seen[:25]) + (f" and {len(seen) - 25} more" if len(seen) > 25 else "")
+    expected = ", ".join(f"{mod}.py" for mod, _ in STEPS.values())
+    note = ("no step file found. The grader looked in the submission's top folder, its steps/, and each "
+            f"subfolder and its steps/, for files named {expected}. It saw: {shown or 'no files at all'}")
+    return p, note
 
 
 def _sdpa_expectations(items: list[Item]):
@@ -229,8 +267,8 @@ class Grader:
         is killed from outside still leaves the steps it graded."""
         t0 = time.monotonic()
         deadline = t0 + self.budget_s - BUDGET_RESERVE_S if self.budget_s else None
-        notes = []
-        root = resolve_impl(impl)
+        root, where = find_submission(impl)
+        notes = [where] if where else []
         work = sandbox.new_workdir()
         try:
             sub = work / "submission"

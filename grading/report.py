@@ -225,7 +225,8 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
                 t["output"] = f"Step status: {_status_line(status, msg)}\n\n" + t["output"]
             tests.append(t)
     out = {"score": g.points, "execution_time": round(g.seconds, 1),
-           "output": "```\n" + public_table(g) + "\n```", "output_format": "md",
+           "output": "```\n" + public_table(g) + "\n```" + "".join(f"\n\n**Note:** {n}" for n in g.notes),
+           "output_format": "md",
            "stdout_visibility": "hidden", "tests": tests,
            "extra_data": {"max_points": g.max_points, "gpu": g.has_gpu,
                           "steps": {s.module: {"points": s.points, "max": s.max_points, "status": s.status}

@@ -498,3 +498,37 @@ def test_the_grade_so_far_is_reported_after_every_step(tmp_path):
     assert "stopped before this step finished" in seen[1].steps[1].message
     assert seen[1].max_points == seen[2].max_points > 0          # an unfinished step counts against the total
     json.dumps(gradescope(seen[1]))                               # and is a valid results.json
+
+
+# ---------------------------------------------------------------------------
+# Where the step files are: the shapes a submission comes in
+# ---------------------------------------------------------------------------
+
+def test_step_files_are_found_at_the_top_in_steps_or_one_folder_deeper(tmp_path):
+    from grading.grade import find_submission
+
+    def sub(*paths):
+        root = tmp_path / f"sub{len(list(tmp_path.iterdir()))}"
+        for rel in paths:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("")
+        root.mkdir(exist_ok=True)
+        return root
+    for paths, where in [(["step01_naive.py"], "."), (["steps/step01_naive.py", "README.md"], "steps"),
+                         (["attention-course/steps/step01_naive.py", "__MACOSX/x"], "attention-course/steps"),
+                         (["mywork/step01_naive.py", "mywork/step02_compile.py"], "mywork")]:
+        root = sub(*paths)
+        found, note = find_submission(root)
+        assert found == (root / where).resolve() and note == "", (paths, found, note)
+    # Two candidates: the fuller one, and a note that says so.
+    root = sub("old/step01_naive.py", "new/steps/step01_naive.py", "new/steps/step02_compile.py")
+    found, note = find_submission(root)
+    assert found == (root / "new" / "steps").resolve() and "(new/steps/, old/)" in note, note
+    # Nothing: the note says where the grader looked and what it saw, and the student sees it.
+    root = sub("attention-course/deeper/steps/step01_naive.py", "notes.txt")
+    found, note = find_submission(root)
+    assert found == root.resolve()
+    assert "looked in the submission's top folder, its steps/, and each subfolder" in note
+    assert "notes.txt" in note and "It saw: notes.txt, attention-course/deeper/steps/step01_naive.py" in note   # too deep: shown
+    g = Grader(cfg.load(TEST_CONFIG), jobs=1, threads=1).grade(root, [1])
+    assert g.steps[0].status == "missing" and note in gradescope(g)["output"]
