@@ -91,6 +91,9 @@ def main(argv=None) -> int:
         from .batch import main as batch_main
         return batch_main(argv[1:])
     if argv and argv[0] in ("autograder", "release"):
+        if not (Path(__file__).parent / "package.py").exists():
+            print(f"grading {argv[0]}: the course's packaging is not part of the student release", file=sys.stderr)
+            return 2
         from .package import main as package_main
         return package_main(argv)
     if argv and argv[0] == "grade":
