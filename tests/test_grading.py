@@ -44,7 +44,19 @@ REPO = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).resolve().parent / "grading_fixtures"
 TEST_CONFIG = FIX / "config.toml"
 WRONG = tomllib.loads((FIX / "wrong.toml").read_text())["wrong"]
-SENTINEL = Path("/tmp/attn_grading_evil_pickle_ran")
+# What the hostile fixtures aim at, rewritten to a temporary folder of the session (never /autograder
+# or a fixed /tmp path): the placeholder line in the fixture -> the line the test puts there.
+AIMS = {
+    "tamper": ('AUTOGRADER_ROOT = Path(__file__).resolve().parent / "autograder-root"', "AUTOGRADER_ROOT = Path({!r})",
+               "autograder"),
+    "evil_pickle": ('SENTINEL = str(Path(__file__).resolve().parent / "evil_pickle_ran")', "SENTINEL = {!r}",
+                    "evil_pickle_ran"),
+}
+
+
+def aimed(tmp_path_factory, name) -> Path:
+    """Where the hostile fixture ``name`` writes (its stand-in /autograder, or its sentinel file)."""
+    return tmp_path_factory.getbasetemp() / "aims" / AIMS[name][2]
 
 # name -> (steps graded, expected {step: (points, status)}, strings the report must hold, config tweaks).
 # A step the folder lacks is "missing"; step 03, where listed, is the solution's: it must keep its 10 points.
@@ -113,6 +125,14 @@ def graded(tmp_path_factory):
     for name, (steps, _, _, tweak) in HOSTILE.items():
         dst = base / name
         shutil.copytree(FIX / "hostile" / name, dst)
+        if name in AIMS:
+            placeholder, line, _ = AIMS[name]
+            src = dst / "step01_naive.py"
+            text = src.read_text()
+            assert placeholder in text, f"hostile/{name}: the line the test rewrites changed: {placeholder}"
+            aim = aimed(tmp_path_factory, name)
+            aim.parent.mkdir(parents=True, exist_ok=True)
+            src.write_text(text.replace(placeholder, line.format(str(aim))))
         if 3 in steps:
             shutil.copyfile(REPO / "solutions" / "step03_sdpa.py", dst / "step03_sdpa.py")
         if 2 in steps and (dst / "step02_compile.py").exists() and not (dst / "step01_naive.py").exists():
@@ -121,7 +141,6 @@ def graded(tmp_path_factory):
     # The same bug, graded with the hidden tests merged in.
     spec = next(s for s in WRONG if s["name"] == "step01-causal-off-by-one")
     jobs.append(("hidden:" + spec["name"], base / spec["name"], [1], {}, FIX / "hidden"))
-    SENTINEL.unlink(missing_ok=True)
 
     def run(job):
         name, folder, steps, tweak, hidden = job
@@ -161,7 +180,7 @@ def test_wrong_submission_loses_exactly_its_points(graded, spec):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_submission(graded, name):
+def test_hostile_submission(graded, name, tmp_path_factory):
     steps, expected, needles, _ = HOSTILE[name]
     g = graded[name]
     text = report(g)
@@ -171,9 +190,11 @@ def test_hostile_submission(graded, name):
     for needle in needles:
         assert needle in text, f"{name}: the report does not say {needle!r}\n{text}"
     if name == "evil_pickle":
-        assert not SENTINEL.exists(), "the grader unpickled the submission's object: its command ran"
+        assert not aimed(tmp_path_factory, name).exists(), "the grader unpickled the submission's object: its command ran"
     if name == "tamper":
         assert g.points == 2.0
+        # It did plant a perfect results.json -- in the temporary stand-in for /autograder, where it was aimed.
+        assert json.loads((aimed(tmp_path_factory, name) / "results" / "results.json").read_text())["score"] == 1000.0
         assert "(1e9, 1e9)" not in (REPO / "attnlib" / "compare.py").read_text(), "the repository's compare.py changed"
 
 
@@ -284,15 +305,17 @@ class _MyTensor(torch.Tensor):
 
 
 class _Evil:
+    sentinel = None          # set by the test: a file in its tmp_path
+
     def __reduce__(self):
-        return (os.system, (f"touch {SENTINEL}",))
+        return (os.system, (f"touch {self.sentinel}",))
 
 
 def test_load_record_accepts_plain_tensors_only(tmp_path):
     ok = tmp_path / "ok.pt"
     torch.save({"tensors": {"o": torch.ones(2)}, "meta": {"x": [1, 2.0, "s", None, True]}}, ok)
     assert sandbox.load_record(ok)["tensors"]["o"].sum() == 2
-    SENTINEL.unlink(missing_ok=True)
+    _Evil.sentinel = sentinel = tmp_path / "evil_pickle_ran"
     bad = {
         "pickle": lambda p: p.write_bytes(pickle.dumps({"tensors": {"o": _Evil()}})),
         "parameter": lambda p: torch.save({"o": torch.nn.Parameter(torch.ones(1))}, p),
@@ -310,7 +333,7 @@ def test_load_record_accepts_plain_tensors_only(tmp_path):
             continue                      # this torch cannot even make that object: nothing to reject
         with pytest.raises(sandbox.Rejected):
             sandbox.load_record(p)
-    assert not SENTINEL.exists()
+    assert not sentinel.exists()
 
 
 def test_grader_files_notices_a_change(tmp_path):
