@@ -24,7 +24,7 @@ from grading import leaks, package
 from grading.package import PackageError, _student_notebook, build_release
 
 REPO = Path(__file__).resolve().parent.parent
-QUICK_STEPS = [1, 2, 3, 4]          # the PyTorch steps: the release's quick check runs them in about a minute
+QUICK_STEPS = [1, 3]          # two quick steps: the release's quick check stays well under a minute
 
 # Released tests that still load solutions/ (files the release does not own); deselected in the
 # quick check below and listed by test_released_tests_never_name_solutions until they are fixed.
@@ -97,7 +97,7 @@ def test_release_holds_only_listed_files(tmp_path):
                 or package._released(f, [])), f"{f} is in the release but not on its list"
     assert not any(f.endswith(".log") or f.startswith(("solutions/", "grading/gradescope/")) for f in files)
     assert not any(f.startswith("bench/triton_") or f == "bench/cuda_gpu.py" for f in files)
-    assert "tests/test_step05_triton_fwd.py" not in files and "steps/step04_flash_torch.py" in files
+    assert "tests/test_step04_flash_torch.py" not in files and "steps/step03_sdpa.py" in files
     for name, text in stubgen.generate(REPO / "solutions").items():
         if leaks.step_of(name) in QUICK_STEPS:
             assert (rel / "steps" / name).read_text() == text, f"steps/{name} is not the stub of solutions/{name}"
@@ -141,9 +141,11 @@ def test_released_tests_never_name_solutions():
 def test_release_filled_with_solutions_passes_its_quick_check(tmp_path):
     rel = tmp_path / "release"
     build_release(rel, steps=QUICK_STEPS)
-    for p in (REPO / "solutions").glob("step0[1-4]_*.py"):
+    for p in (REPO / "solutions").glob("step0[1-9]_*.py"):
+        if leaks.step_of(p.name) not in QUICK_STEPS:
+            continue
         shutil.copyfile(p, rel / "steps" / p.name)
-    deselect = " ".join(f"--deselect {t}" for t in NAMES_SOLUTIONS)
+    deselect = " ".join(f"--deselect {t}" for t in NAMES_SOLUTIONS if (rel / t.split("::")[0]).exists())
     env = {k: v for k, v in os.environ.items() if k != "ATTN_IMPL"}
     proc = subprocess.run(["make", "quick", f"PYTHON={sys.executable}", "--no-print-directory"],
                           cwd=rel, capture_output=True, text=True, timeout=600,
