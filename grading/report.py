@@ -222,6 +222,8 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
                  "visibility": gr.group.visibility}
             if s.status not in (S_PASSED, S_FAILED, "not implemented") and gr.group.reveal and not gr.note:
                 status, msg = (public_step(s)[2:] if not is_hidden(gr) else (s.status, step_message(s)))
+                if status == "missing" and any(n.startswith("no step file found") for n in g.notes):
+                    msg += " (the note under the table says where the grader looked and what it saw)"
                 t["output"] = f"Step status: {_status_line(status, msg)}\n\n" + t["output"]
             tests.append(t)
     out = {"score": g.points, "execution_time": round(g.seconds, 1),

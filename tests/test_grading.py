@@ -554,4 +554,6 @@ def test_step_files_are_found_at_the_top_in_steps_or_one_folder_deeper(tmp_path)
     assert "looked in the submission's top folder, its steps/, and each subfolder" in note
     assert "notes.txt" in note and "It saw: notes.txt, attention-course/deeper/steps/step01_naive.py" in note   # too deep: shown
     g = Grader(cfg.load(TEST_CONFIG), jobs=1, threads=1).grade(root, [1])
-    assert g.steps[0].status == "missing" and note in gradescope(g)["output"]
+    gs = gradescope(g)
+    assert g.steps[0].status == "missing" and note in gs["output"]
+    assert "the note under the table says where the grader looked" in gs["tests"][0]["output"]
