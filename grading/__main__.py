@@ -33,6 +33,9 @@ def grade_main(argv) -> int:
     ap.add_argument("--config", help="config file (default grading/config.toml)")
     ap.add_argument("--hidden", help="folder with hidden.toml: hidden tests merged in (instructors)")
     ap.add_argument("--jobs", "-j", type=int, help="steps graded at once (default: config)")
+    ap.add_argument("--budget-s", type=float, help="the whole run's wall-clock budget: each step's timeout is cut to "
+                    "what is left, a step that would start too late scores 0 as 'out of time', and results.json "
+                    "is written after every step anyway (Gradescope: its timeout less a minute)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"where results.json and junit.xml go (default {DEFAULT_OUT.relative_to(REPO)})")
     ap.add_argument("--gradescope", type=Path, help="write Gradescope's results.json here (default OUT/results.json)")
     ap.add_argument("--junit", type=Path, help="write JUnit XML here (default OUT/junit.xml)")
@@ -56,14 +59,19 @@ def grade_main(argv) -> int:
     if cache is None and args.impl in ("steps", "solutions") and not args.worker_user:
         cache = str(DEFAULT_OUT / "cache")      # your own code: keep torch.compile's work between runs
     grader = Grader(conf, hidden=args.hidden, worker_user=args.worker_user, jobs=args.jobs, cache=cache,
-                    check_files=args.check_grader_files, release=_steps([args.release_steps]) if args.release_steps else None)
+                    check_files=args.check_grader_files, release=_steps([args.release_steps]) if args.release_steps else None,
+                    budget_s=args.budget_s)
+    results = args.gradescope or args.out / "results.json"
+    junit_path = args.junit or args.out / "junit.xml"
+
+    def so_far(partial):      # killed from outside, the run still leaves what it graded
+        write_all(partial, results=results, per_group=conf.report_failures)
+
     try:
-        g = grader.grade(args.impl, _steps(args.step))
+        g = grader.grade(args.impl, _steps(args.step), on_step=so_far)
     except FileNotFoundError as exc:
         print(f"grading: {exc}", file=sys.stderr)
         return 2
-    results = args.gradescope or args.out / "results.json"
-    junit_path = args.junit or args.out / "junit.xml"
     write_all(g, results=results, junit_path=junit_path, per_group=conf.report_failures)
     print(table(g))
     if not args.quiet:
@@ -85,6 +93,9 @@ def main(argv=None) -> int:
         from .batch import main as batch_main
         return batch_main(argv[1:])
     if argv and argv[0] in ("autograder", "release"):
+        if not (Path(__file__).parent / "package.py").exists():
+            print(f"grading {argv[0]}: the course's packaging is not part of the student release", file=sys.stderr)
+            return 2
         from .package import main as package_main
         return package_main(argv)
     if argv and argv[0] == "doctor":

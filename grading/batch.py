@@ -60,6 +60,8 @@ def _grade_one(sub: Path, out: Path, args, timeout_s: float, grader: Path, relea
             cmd += [f"--{opt}", str(Path(getattr(args, opt)).resolve())]
     if args.worker_user:
         cmd += ["--worker-user", args.worker_user]
+    if args.budget_s:
+        cmd += ["--budget-s", str(args.budget_s)]
     for s in args.step or []:
         cmd += ["--step", str(s)]
     t0 = time.monotonic()
@@ -112,7 +114,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden")
     ap.add_argument("--worker-user", dest="worker_user")
     ap.add_argument("--step", action="append")
-    ap.add_argument("--timeout", type=float, help="per submission (default: the sum of the step timeouts + 60 s)")
+    ap.add_argument("--timeout", type=float, help="per submission (default: the budget + 60 s, or the sum of the "
+                    "step timeouts + 60 s)")
+    ap.add_argument("--budget-s", dest="budget_s", type=float,
+                    help="each submission's grading budget, as on Gradescope (python -m grading --budget-s)")
     args = ap.parse_args(argv)
     from tqdm import tqdm
 
@@ -122,7 +127,7 @@ def main(argv=None) -> int:
     if not subs:
         print(f"no submissions (subfolders) in {args.folder}", file=sys.stderr)
         return 2
-    timeout_s = args.timeout or sum(s.timeout_s for s in conf.steps.values()) + 60
+    timeout_s = args.timeout or (args.budget_s or sum(s.timeout_s for s in conf.steps.values())) + 60
     args.out.mkdir(parents=True, exist_ok=True)
     from .grade import released_steps
     release = released_steps()

@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,8 @@ S_PASSED, S_FAILED, S_NOT_IMPL = "passed", "failed", "not implemented"
 S_MISSING, S_IMPORT, S_CRASHED, S_TIMEOUT = "missing", "import error", "crashed", "timed out"
 S_RULE, S_REJECTED, S_NEEDS_GPU, S_NOT_RELEASED, S_GRADER = (
     "rule broken", "rejected", "needs a GPU", "not released", "grader error")
+S_OUT_OF_TIME = "out of time"     # the run's global budget ran out before the step was graded: 0 points
+BUDGET_RESERVE_S = 15             # kept back from the budget: writing the results, killing a worker
 UNCOUNTED = (S_NEEDS_GPU, S_NOT_RELEASED)
 
 SIGNALS = {
@@ -127,12 +129,50 @@ def released_steps() -> list[int]:
 
 
 def resolve_impl(impl: str | os.PathLike) -> Path:
+    return find_submission(impl)[0]
+
+
+SKIP_FOLDERS = ("__MACOSX", "__pycache__", ".git", ".venv", "node_modules")
+
+
+def _step_files(folder: Path) -> list[str]:
+    return sorted(f"{mod}.py" for mod, _ in STEPS.values() if (folder / f"{mod}.py").is_file())
+
+
+def find_submission(impl: str | os.PathLike) -> tuple[Path, str]:
+    """The folder that holds the stepNN_*.py files, and a note ("" when they were found plainly).
+
+    Looked for, in order: the folder itself, its steps/, then each subfolder and its steps/ (a zip
+    of the whole course unpacks to attention-course/steps/...). When no step file is anywhere there,
+    the note lists where the grader looked and the files it saw, so the student can tell what to fix."""
     if str(impl) in ("steps", "solutions"):
-        return REPO / str(impl)
+        return REPO / str(impl), ""
     p = Path(impl).expanduser().resolve()
     if not p.is_dir():
         raise FileNotFoundError(f"{impl}: no such folder")
-    return sandbox.find_submission_root(p)
+    if _step_files(p):
+        return p, ""
+    if _step_files(p / "steps"):
+        return p / "steps", ""
+    subs = sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name not in SKIP_FOLDERS)
+    found = [c for d in subs for c in (d, d / "steps") if _step_files(c)]
+    if found:
+        best = max(found, key=lambda c: len(_step_files(c)))      # the first of the fullest, in name order
+        note = "" if len(found) == 1 else (
+            f"step files in {len(found)} folders ({', '.join(c.relative_to(p).as_posix() + '/' for c in found)}): "
+            f"graded {best.relative_to(p).as_posix()}/, which has the most")
+        return best, note
+    seen = []
+    for dirpath, dirnames, names in os.walk(p):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in SKIP_FOLDERS)
+        if len(Path(dirpath).relative_to(p).parts) >= 3:
+            dirnames[:] = []
+        seen += [(Path(dirpath) / n).relative_to(p).as_posix() for n in sorted(names)]
+    shown = ", ".join(seen[:25]) + (f" and {len(seen) - 25} more" if len(seen) > 25 else "")
+    expected = ", ".join(f"{mod}.py" for mod, _ in STEPS.values())
+    note = ("no step file found. The grader looked in the submission's top folder, its steps/, and each "
+            f"subfolder and its steps/, for files named {expected}. It saw: {shown or 'no files at all'}")
+    return p, note
 
 
 def _sdpa_expectations(items: list[Item]):
@@ -166,11 +206,14 @@ def _where(items: list[Item], run: sandbox.WorkerRun) -> str:
     return "before the first check" if not run.records else "after the last check it reported"
 
 
-def _lost_message(run: sandbox.WorkerRun, items, timeout_s, memory_mb) -> tuple[str, str]:
-    """(step status, message) for checks whose result never came back."""
+def _lost_message(run: sandbox.WorkerRun, items, timeout_s, memory_mb, budget_s=None) -> tuple[str, str]:
+    """(step status, message) for checks whose result never came back. ``budget_s``: the run's
+    global budget, when it, not the step's own limit, set ``timeout_s``."""
     where = _where(items, run)
     if run.timed_out:
-        return S_TIMEOUT, (f"timed out: the step ran past its {timeout_s:g} s limit {where} "
+        limit = (f"the {timeout_s:.0f} s left of the grading run's {budget_s:g} s budget" if budget_s
+                 else f"its {timeout_s:g} s limit")
+        return S_TIMEOUT, (f"timed out: the step ran past {limit} {where} "
                            "(an infinite loop? a very slow Python loop?)")
     if run.memory_killed:
         return S_CRASHED, f"killed: the worker went over its {memory_mb} MiB memory limit {where}"
@@ -196,8 +239,10 @@ def _count_files(folder: Path) -> int:
 class Grader:
     def __init__(self, config: Config, *, hidden: str | None = None, worker_user: str | None = None,
                  jobs: int | None = None, has_gpu: bool | None = None, cache: str | None = None,
-                 threads: int | None = None, check_files: bool = False, release: list[int] | None = None):
+                 threads: int | None = None, check_files: bool = False, release: list[int] | None = None,
+                 budget_s: float | None = None):
         self.config = config
+        self.budget_s = budget_s             # the whole run's wall clock (Gradescope's timeout, less a margin)
         self.threads = threads
         self.check_files = check_files       # hash grading/, attnlib/, hidden/ around every worker
         self.release = release               # the released steps (default: what steps/, solutions/ hold)
@@ -208,10 +253,22 @@ class Grader:
         self.has_gpu = torch.cuda.is_available() if has_gpu is None else has_gpu
 
     # -- one submission -------------------------------------------------------
-    def grade(self, impl, steps: list[int] | None = None) -> Grade:
+    def _unfinished(self, n: int, status: str, message: str) -> StepResult:
+        """A step that was not graded (its groups count, at 0 points, unless they need a GPU)."""
+        mod, title = STEPS[n]
+        res = StepResult(n, mod, title, status, message=message)
+        res.groups = [GroupResult(g, graded=not ((g.needs_gpu or step_needs_gpu(n)) and not self.has_gpu))
+                      for g in self.config.steps[n].groups]
+        return res
+
+    def grade(self, impl, steps: list[int] | None = None, on_step=None) -> Grade:
+        """Grade every released step of ``impl``. ``on_step(grade)`` is called after each step with
+        the grade so far (steps not finished yet count 0, saying so): write it out, and a run that
+        is killed from outside still leaves the steps it graded."""
         t0 = time.monotonic()
-        notes = []
-        root = resolve_impl(impl)
+        deadline = t0 + self.budget_s - BUDGET_RESERVE_S if self.budget_s else None
+        root, where = find_submission(impl)
+        notes = [where] if where else []
         work = sandbox.new_workdir()
         try:
             sub = work / "submission"
@@ -232,22 +289,44 @@ class Grader:
                                             else "not in grading/config.toml")
 
             def one(n):
+                left = deadline - time.monotonic() if deadline else None
+                if left is not None and left < 5:
+                    return self._unfinished(n, S_OUT_OF_TIME, (
+                        f"not graded: the grading run's {self.budget_s:g} s budget ran out before this step "
+                        "started (the steps before it took that long); the steps graded before it keep their points"))
                 try:
-                    return self.grade_step(n, sub, lib, work, threads, guard)
+                    return self.grade_step(n, sub, lib, work, threads, guard, time_left=left)
                 except Exception as exc:  # the grader's own bug: still a row, never a lost grade
                     mod, title = STEPS[n]
                     return StepResult(n, mod, title, S_GRADER, message=f"grader error: {type(exc).__name__}: {exc}")
 
+            def so_far():
+                pending = {n: self._unfinished(n, S_OUT_OF_TIME, "not graded: the grading run stopped before "
+                                               "this step finished (over the autograder's time limit?)")
+                           for n in todo if n not in results}
+                rows = {**results, **pending}
+                return Grade(str(impl), [rows[n] for n in sorted(rows)], time.monotonic() - t0, self.has_gpu,
+                             list(notes))
+
+            if on_step:
+                on_step(so_far())
             with ThreadPoolExecutor(self.jobs) as pool:
-                for res in pool.map(one, todo):
+                futures = [pool.submit(one, n) for n in todo]
+                for fut in as_completed(futures):
+                    res = fut.result()
                     results[res.step] = res
+                    if on_step:
+                        on_step(so_far())
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        if deadline and any(r.status == S_OUT_OF_TIME for r in results.values()):
+            notes.append(f"the grading run's {self.budget_s:g} s budget ran out: steps marked 'out of time' "
+                         "were not graded")
         return Grade(str(impl), [results[n] for n in sorted(results)], time.monotonic() - t0, self.has_gpu, notes)
 
     # -- one step -------------------------------------------------------------
     def grade_step(self, n: int, sub: Path, lib: Path, work: Path, threads: int,
-                   guard: sandbox.GraderFiles | None) -> StepResult:
+                   guard: sandbox.GraderFiles | None, time_left: float | None = None) -> StepResult:
         t0 = time.monotonic()
         mod, title = STEPS[n]
         sc = self.config.steps[n]
@@ -268,8 +347,10 @@ class Grader:
         items, skipped = build_items(n, sc.groups, self.has_gpu)
         _sdpa_expectations(items)
         env = {"TRITON_INTERPRET": "1"} if spec.runs_on == "triton" and not self.has_gpu else {}
+        timeout_s = sc.timeout_s if time_left is None else min(sc.timeout_s, time_left)
+        by_budget = self.budget_s if timeout_s < sc.timeout_s else None
         run = sandbox.run_worker(base=work / f"step{n:02d}", lib=lib, step=n, root=sub, items=items,
-                                 rules=spec.rules, timeout_s=sc.timeout_s, memory_mb=sc.memory_mb,
+                                 rules=spec.rules, timeout_s=timeout_s, memory_mb=sc.memory_mb,
                                  threads=threads, has_gpu=self.has_gpu, env_extra=env,
                                  user=self.worker_user, guard=guard, cache=self.cache)
         res.max_rss_mb = run.max_rss_mb
@@ -305,7 +386,7 @@ class Grader:
                                      + f"{imp_err.get('type')}: {imp_err.get('message', '')}\n{imp_err.get('traceback', '')}".rstrip())
                 elif rec is None:
                     if lost_msg is None:
-                        lost_status, lost_msg = _lost_message(run, items, sc.timeout_s, sc.memory_mb)
+                        lost_status, lost_msg = _lost_message(run, items, timeout_s, sc.memory_mb, by_budget)
                     cr = CheckResult(c.group, c.name, LOST, lost_msg)
                 else:
                     rec.setdefault("tensors", {})

@@ -8,11 +8,12 @@ The **autograder zip** follows Gradescope's specification: ``setup.sh`` and
 /autograder/source (attnlib/, grading/, the stubs in steps/ that define the
 release, the hidden tests in hidden/). No solutions.
 
-The **student release** is the repository as a student gets it: no solutions/,
-no hidden tests, no grader self-tests, stubs regenerated from the solutions,
-notebooks set to the student's code (``steps``), and a Makefile whose
-``make test`` tests ``steps/``. It checks its own work and refuses to finish if a
-solution region or a hidden file slipped through.
+The **student release** is the course as a student gets it: the files named in
+``RELEASE_FILES`` (an allow-list: nothing else), stubs regenerated from the
+solutions, notebooks set to the student's code (``steps``), and its own README,
+Makefile and CI script (grading/release/), whose ``make test`` tests ``steps/``.
+It checks its own work and refuses to finish if any released file holds a line
+of a solution region (grading/leaks.py), a solution file or a hidden test.
 """
 
 from __future__ import annotations
@@ -94,6 +95,37 @@ def build_autograder(out: Path, hidden: Path | None = None, config: Path | None 
 # The student release
 # ---------------------------------------------------------------------------
 
+# What a student gets: an explicit list of the repository's files (globs; `*` crosses folders).
+# A file joins the release only by being named here -- experiments, logs and new folders stay
+# out until someone decides they belong. README.md, Makefile and .ci/run are written for the
+# release (grading/release/), and steps/ is regenerated from the solutions.
+RELEASE_FILES = [
+    ".gitignore", "requirements.txt", "environment.yml", "pyproject.toml", "pytest.ini", "conftest.py",
+    "attnlib/*.py",
+    # The grader, for `make grade`; not the packaging, the leak check or the Gradescope scripts.
+    "grading/__init__.py", "grading/__main__.py", "grading/batch.py", "grading/config.py",
+    "grading/config.toml", "grading/evaluate.py", "grading/grade.py", "grading/report.py",
+    "grading/sandbox.py", "grading/spec.py", "grading/worker.py", "grading/README.md",
+    "notebooks/[0-9][0-9]_*.ipynb",
+    "tests/test_step[0-9][0-9]_*.py", "tests/test_contract.py", "tests/test_attnlib.py",
+    "tests/test_notebooks.py", "tests/test_bench.py", "tests/test_ops.py", "tests/test_cs336.py",
+    # The capstone: the dispatcher and the GPT, on the student's own steps.
+    "capstone/*.py",
+    # The benchmark harness; not the experiments (bench/triton_*.py, cuda_gpu.py hold whole kernels).
+    "bench/__init__.py", "bench/__main__.py", "bench/core.py", "bench/plots.py", "bench/profiling.py",
+    "bench/step04_figures.py",
+    # Measured numbers and figures; no logs (test logs print the code around a failure).
+    "results/h200/README.md", "results/h200/grid/*", "results/h200/sweep/*", "results/h200/leaderboard/*",
+    "results/h200/step04/step04_figures.*", "results/h200/step07_cuda.json", "results/h200/triton/README.md",
+    "results/h200/triton/*.json",
+]
+# Never, whatever the list above says: a second lock.
+NEVER = ["solutions/*", "hidden/*", "*hidden.toml", "tests/grading_fixtures/*", "tests/test_grading*.py",
+         "tests/test_stubs.py", "tests/test_release.py", "*.log", "grading/gradescope/*", "grading/leaks.py",
+         "grading/package.py", "grading/release/*"]
+RELEASE_TEMPLATES = HERE / "release"          # README.md, Makefile, ci_run: the release's own
+
+
 def _repo_files() -> list[str]:
     """Tracked files and untracked ones git does not ignore (the working tree as it stands)."""
     try:
@@ -105,8 +137,9 @@ def _repo_files() -> list[str]:
     return sorted(set(files))
 
 
-def _excluded(rel: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(rel, pat.rstrip("/*") + "/*") for pat in patterns)
+def _released(rel: str, extra_never: list[str]) -> bool:
+    return (any(fnmatch.fnmatch(rel, pat) for pat in RELEASE_FILES)
+            and not any(fnmatch.fnmatch(rel, pat) for pat in NEVER + extra_never))
 
 
 def _step_of(rel: str) -> int | None:
@@ -146,27 +179,57 @@ def _student_notebook(path: Path) -> bool:
     return changed
 
 
+def _readme_sections(text: str) -> dict[str, str]:
+    """The course README's `## ` sections by title (the part before the first one under "")."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    out = {"": parts[0]}
+    for title, body in zip(parts[1::2], parts[2::2]):
+        out[title.strip()] = f"## {title.strip()}{body}"
+    return out
+
+
+def release_readme(course_readme: str, template: str) -> str:
+    """The release's README: the template, with `{{section: TITLE}}` replaced by that section of the
+    course's README (so the step table and the measurements are written once)."""
+    sections = _readme_sections(course_readme)
+
+    def sub(m):
+        title = m.group(1).strip()
+        if title not in sections:
+            raise PackageError(f"grading/release/README.md wants the section {title!r}, which README.md lacks")
+        return sections[title].rstrip() + "\n"
+    return re.sub(r"^\{\{section: (.+?)\}\}$", sub, template, flags=re.M)
+
+
 def build_release(out: Path, steps: list[int] | None = None, force: bool = False,
                   exclude: list[str] | None = None) -> dict:
-    """Write the student release to ``out``; returns a small report."""
+    """Write the student release to ``out``; returns a small report. Refuses (PackageError) to
+    finish if any released file holds a solution line (grading/leaks.py)."""
     from attnlib import stubgen
 
     from . import config as cfg
     out = Path(out).resolve()
+    if out == REPO or REPO in out.parents and not out.is_relative_to(REPO / "out"):
+        raise PackageError("write the release outside the repository (or under out/)")
     if out.exists():
         if not force and any(out.iterdir()):
             raise PackageError(f"{out} exists and is not empty (use --force to replace it)")
         shutil.rmtree(out)
-    if out == REPO or REPO in out.parents and not out.is_relative_to(REPO / "out"):
-        raise PackageError("write the release outside the repository (or under out/)")
-    patterns = list(exclude if exclude is not None else cfg.load().release_exclude)
-    patterns += ["solutions/*", "**/hidden.toml", "hidden/*"]
-    report = {"copied": 0, "excluded": [], "notebooks_switched": [], "stubs": []}
+    extra_never = list(exclude if exclude is not None else cfg.load().release_exclude)
+    try:
+        return _build_release(out, steps, extra_never)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)       # a release that failed its checks is not left to be zipped
+        raise
+
+
+def _build_release(out: Path, steps: list[int] | None, extra_never: list[str]) -> dict:
+    from attnlib import stubgen
+    report = {"copied": 0, "excluded": [], "notebooks_switched": [], "stubs": [], "written": []}
     for rel in _repo_files():
         n = _step_of(rel)
-        skip = _excluded(rel, patterns) or (steps and n is not None and n not in steps
-                                            and rel.startswith(("steps/", "notebooks/", "tests/")))
-        if skip:
+        if (not _released(rel, extra_never)
+                or steps and n is not None and n not in steps and rel.startswith(("notebooks/", "tests/"))):
             report["excluded"].append(rel)
             continue
         dst = out / rel
@@ -184,8 +247,6 @@ def build_release(out: Path, steps: list[int] | None = None, force: bool = False
                 continue
             (sol / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(p, sol / rel)
-        if (out / "steps").exists():
-            shutil.rmtree(out / "steps")
         (out / "steps").mkdir()
         report["stubs"] = stubgen.write(sol, out / "steps", force=True)
         problems = stubgen.drift(sol, out / "steps")
@@ -196,17 +257,16 @@ def build_release(out: Path, steps: list[int] | None = None, force: bool = False
         if _student_notebook(nb):
             report["notebooks_switched"].append(nb.name)
 
-    # make test in a release tests the student's steps/: there is no solutions/ to test.
-    for rel in ("Makefile", ".ci/run"):
-        p = out / rel
-        if p.exists():
-            text = p.read_text()
-            new = text.replace("--impl solutions", "--impl steps")
-            if new != text:
-                p.write_text(new)
-                report.setdefault("retargeted", []).append(rel)
+    # The release's own README, Makefile and CI script: they speak of steps/ only.
+    (out / "README.md").write_text(release_readme((REPO / "README.md").read_text(),
+                                                  (RELEASE_TEMPLATES / "README.md").read_text()))
+    shutil.copyfile(RELEASE_TEMPLATES / "Makefile", out / "Makefile")
+    (out / ".ci").mkdir(exist_ok=True)
+    shutil.copyfile(RELEASE_TEMPLATES / "ci_run", out / ".ci" / "run")
+    os.chmod(out / ".ci" / "run", 0o755)
+    report["written"] = ["README.md", "Makefile", ".ci/run"]
 
-    _verify_release(out)
+    report["leaks_allowed"] = verify_release(out)
     report["warnings"] = [f"{p.relative_to(out).as_posix()} still refers to solutions/ (it will fail in the release)"
                           for p in sorted([*out.glob("tests/*.py"), *out.glob("notebooks/*.ipynb")])
                           if p.name != "conftest.py" and _mentions_solutions(_code_of(p))]
@@ -229,20 +289,27 @@ def _mentions_solutions(code: str) -> bool:
     return any(re.search(r"""["']solutions["']|/ ?["']solutions""", ln) for ln in lines)
 
 
-def _verify_release(out: Path):
-    leaks = []
+def verify_release(out: Path, solutions: Path = REPO / "solutions") -> list[str]:
+    """Raise PackageError if the release at ``out`` holds a solution, a hidden test, the grader's
+    fixtures, a region marker, or any line of a solution region (grading/leaks.py). Returns the
+    allowed matches that were found (grading.leaks.ALLOWED), for the report."""
+    from . import leaks as lk
+    found = []
     for p in _files(out, "."):
         rel = p.relative_to(out).as_posix()
         if rel.startswith("solutions/") or p.name == "hidden.toml" or "grading_fixtures" in rel:
-            leaks.append(rel)
-        elif rel.startswith(("steps/", "notebooks/")) and p.suffix in (".py", ".cu", ".cuh", ".cpp", ".h", ".ipynb"):
-            code = _code_of(p)
-            if REGION.search(code):
-                leaks.append(f"{rel} (a solution region)")
-            if p.suffix == ".ipynb" and re.search(r"""ATTN_IMPL["']\s*,\s*["']solutions""", code):
-                leaks.append(f"{rel} (defaults to solutions/)")
-    if leaks:
-        raise PackageError("the release would leak: " + ", ".join(leaks[:10]))
+            found.append(rel)
+        elif (rel.startswith(("steps/", "notebooks/")) and p.suffix in (".py", ".cu", ".cuh", ".cpp", ".h", ".ipynb")
+              and REGION.search(_code_of(p))):
+            found.append(f"{rel} (a solution region's marker)")
+        elif p.suffix == ".ipynb" and re.search(r"""ATTN_IMPL["']\s*,\s*["']solutions""", _code_of(p)):
+            found.append(f"{rel} (defaults to solutions/)")
+    leaks, stale = lk.scan(out, solutions)
+    found += [str(x) for x in leaks]
+    if found:
+        raise PackageError(f"the release would leak ({len(found)}):\n  " + "\n  ".join(found[:40])
+                           + ("\n  ..." if len(found) > 40 else ""))
+    return [f"{g}: {line}" for g, line, _ in lk.ALLOWED if (g, line) not in {(a, b) for a, b, _ in stale}]
 
 
 # ---------------------------------------------------------------------------
@@ -275,9 +342,12 @@ def main(argv) -> int:
     except PackageError as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 1
-    print(f"{a.out}: {rep['copied']} files, {len(rep['stubs'])} stubs regenerated, "
-          f"{len(rep['excluded'])} left out (solutions, hidden and grader tests...); notebooks switched to "
-          f"steps/: {rep['notebooks_switched'] or 'none needed'}; retargeted to steps/: {rep.get('retargeted', [])}")
+    print(f"{a.out}: {rep['copied']} files copied, {len(rep['stubs'])} stubs regenerated, "
+          f"{', '.join(rep['written'])} written for the release; {len(rep['excluded'])} files not in the release's "
+          f"list; notebooks switched to steps/: {rep['notebooks_switched'] or 'none needed'}; "
+          "no solution line in any released file (grading/leaks.py)")
+    for a_ in rep["leaks_allowed"]:
+        print(f"allowed on purpose: {a_}")
     for w in rep["warnings"]:
         print(f"warning: {w}")
     if a.zip:

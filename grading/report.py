@@ -17,7 +17,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .grade import S_PASSED, UNCOUNTED, Grade, GroupResult, StepResult
+from .grade import S_FAILED, S_PASSED, UNCOUNTED, Grade, GroupResult, StepResult
 
 WITHHELD = "hidden test: its details are withheld"
 
@@ -36,25 +36,76 @@ def step_message(s: StepResult) -> str:
         for c in gr.checks:
             if not c.passed and not gr.group.reveal and s.message.startswith(f"{gr.group.name} "):
                 return f"{gr.group.name}: {WITHHELD}"
-    return s.message
+    return _scrub(s, s.message)
+
+
+def _scrub(s: StepResult, text: str, hide=lambda gr: not gr.group.reveal) -> str:
+    """``text`` without the names of withheld checks ("while running hidden_shapes 1x3-q70...")."""
+    for gr in s.groups:
+        if hide(gr):
+            for c in gr.checks:
+                text = text.replace(f"{gr.group.name} {c.name}", "a hidden check")
+    return text
+
+
+# ---------------------------------------------------------------------------
+# What a student sees on Gradescope while some tests are hidden
+# ---------------------------------------------------------------------------
+# Gradescope shows the top-level `output` and every `visible` test at once, and hides the total
+# while any test is not visible. So while a group is not `visible`, nothing shown at once may
+# carry its points, its checks or its failures, nor the total: the public view is built from the
+# visible groups alone.
+
+def is_hidden(gr: GroupResult) -> bool:
+    return gr.group.visibility != "visible"
+
+
+def any_hidden(g: Grade) -> bool:
+    return any(is_hidden(gr) for s in g.steps if s.status not in UNCOUNTED for gr in s.groups if gr.graded)
+
+
+def public_step(s: StepResult) -> tuple[str, str, str, str]:
+    """(points, checks, status, first failure) of a step from its visible groups only."""
+    vis = [gr for gr in s.groups if gr.graded and not is_hidden(gr)]
+    pts = round(sum(gr.points for gr in vis), 4)
+    mx = round(sum(gr.group.points for gr in vis), 4)
+    n_ok, n = sum(gr.n_passed for gr in vis), sum(len(gr.checks) for gr in vis)
+    if s.status not in (S_PASSED, S_FAILED):        # the whole step: missing, crashed, timed out, rule...
+        status, msg = s.status, _scrub(s, step_message(s), hide=lambda gr: is_hidden(gr) or not gr.group.reveal)
+        if any(msg.startswith(f"{gr.group.name} ") for gr in s.groups if is_hidden(gr)):
+            msg = WITHHELD
+    else:
+        fails = [(gr, c) for gr in vis for c in gr.checks if not c.passed]
+        status = S_PASSED if not fails else S_FAILED
+        msg = f"{fails[0][0].group.name} {fails[0][1].name}: {fails[0][1].summary}" if fails else ""
+        if fails and not fails[0][0].group.reveal:
+            msg = f"{fails[0][0].group.name}: {WITHHELD}"
+    hidden = any(is_hidden(gr) for gr in s.groups if gr.graded)
+    if s.status in (S_PASSED, S_FAILED) and hidden and status == S_PASSED:
+        status = "visible tests passed"
+    return f"{_pts(pts)}/{_pts(mx)}", f"{n_ok}/{n}", status, msg
 
 
 # ---------------------------------------------------------------------------
 # Terminal
 # ---------------------------------------------------------------------------
 
-def table(g: Grade, width: int | None = None) -> str:
+def table(g: Grade, width: int | None = None, public: bool = False) -> str:
+    """The per-step table. ``public``: what a student may see while tests are hidden (visible groups'
+    points only, no total); the same as the full table when every group is visible."""
     width = width or max(100, min(shutil.get_terminal_size((140, 20)).columns, 200))
+    public = public and any_hidden(g)
     rows = [("Step", "What", "Points", "Checks", "Status: first failure")]
     for s in g.steps:
         if s.status in UNCOUNTED:
-            pts, checks = "-", "-"
+            pts, checks, status, first = "-", "-", s.status, step_message(s)
+        elif public:
+            pts, checks, status, first = public_step(s)
         else:
             pts, checks = f"{_pts(s.points)}/{_pts(s.max_points)}", f"{s.n_passed}/{s.n_checks}"
-        first = step_message(s).splitlines()[0] if s.message else ""
-        if first.startswith(f"{s.status}: "):
-            first = first[len(s.status) + 2:]
-        msg = s.status if s.status == S_PASSED else f"{s.status}: {first}"
+            status, first = s.status, step_message(s)
+        first = first.splitlines()[0] if first else ""
+        msg = status if status == S_PASSED else _status_line(status, first)
         rows.append((f"{s.step:02d}", s.title, pts, checks, msg))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = []
@@ -65,8 +116,12 @@ def table(g: Grade, width: int | None = None) -> str:
         lines.append(f"{head}  {tail}")
         if j == 0:
             lines.append("-" * min(width, len(head) + 2 + max(len(x[4]) for x in rows)))
-    lines.append(f"Total {_pts(g.points)}/{_pts(g.max_points)}"
-                 + ("" if g.has_gpu else "   (no GPU here: GPU-only parts are not graded and not counted)"))
+    gpu_note = "" if g.has_gpu else "   (no GPU here: GPU-only parts are not graded and not counted)"
+    if public:
+        lines.append("Points of the visible tests only; the hidden tests' points and the total show once "
+                     "they are released." + gpu_note)
+    else:
+        lines.append(f"Total {_pts(g.points)}/{_pts(g.max_points)}" + gpu_note)
     return "\n".join(lines)
 
 
@@ -113,6 +168,13 @@ def details(g: Grade, per_group: int = 3) -> str:
 # Gradescope
 # ---------------------------------------------------------------------------
 
+def _status_line(status: str, msg: str) -> str:
+    """"not implemented: Step 01: ..." -- the status once, even when the message starts with it."""
+    while msg.startswith(f"{status}: "):
+        msg = msg[len(status) + 2:]
+    return f"{status}: {msg}" if msg else status
+
+
 def _group_output(s: StepResult, gr: GroupResult, per_group: int) -> str:
     if not gr.graded:
         return gr.note or "not graded here"
@@ -125,7 +187,14 @@ def _group_output(s: StepResult, gr: GroupResult, per_group: int) -> str:
     if not gr.group.reveal:
         return head if not fails else f"{head} {WITHHELD}."
     lines = [head]
+    if fails and s.status == "not implemented":          # the stub's one sentence, once
+        return f"{head}\n\n{_status_line(s.status, fails[0].message.splitlines()[0])}"
+    seen = {}
     for c in fails[:per_group]:
+        if c.message in seen:
+            lines.append(f"\n--- {c.name} ({c.status}): the same as {seen[c.message]}")
+            continue
+        seen[c.message] = c.name
         lines.append(f"\n--- {c.name} ({c.status})\n{c.message}")
     if len(fails) > per_group:
         lines.append(f"\n... and {len(fails) - per_group} more failing: " + ", ".join(c.name for c in fails[per_group:]))
@@ -140,20 +209,26 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
                           "score": 0.0, "max_score": 0.0, "output": s.message,
                           "tags": [f"step{s.step:02d}"], "visibility": "visible"})
             continue
-        for j, gr in enumerate(s.groups, 1):
+        j = 0
+        for gr in s.groups:
             if not gr.graded:
                 continue
+            j += 1                               # numbered 1, 2, 3...: no gap where a GPU-only group is left out
             t = {"name": f"Step {s.step:02d} ({s.title}): {gr.group.name}", "number": f"{s.step}.{j}",
                  "score": gr.points, "max_score": gr.group.points,
                  "status": "passed" if gr.checks and gr.n_passed == len(gr.checks) and gr.note == "" else "failed",
                  "output": _group_output(s, gr, per_group)[:60000],
                  "tags": [f"step{s.step:02d}", gr.group.kind] + (["hidden"] if gr.group.hidden else []),
                  "visibility": gr.group.visibility}
-            if s.status not in (S_PASSED, "failed") and gr.group.reveal and not gr.note:
-                t["output"] = f"Step status: {s.status}: {s.message}\n\n" + t["output"]
+            if s.status not in (S_PASSED, S_FAILED, "not implemented") and gr.group.reveal and not gr.note:
+                status, msg = (public_step(s)[2:] if not is_hidden(gr) else (s.status, step_message(s)))
+                if status == "missing" and any(n.startswith("no step file found") for n in g.notes):
+                    msg += " (the note under the table says where the grader looked and what it saw)"
+                t["output"] = f"Step status: {_status_line(status, msg)}\n\n" + t["output"]
             tests.append(t)
     out = {"score": g.points, "execution_time": round(g.seconds, 1),
-           "output": "```\n" + public_table(g) + "\n```", "output_format": "md",
+           "output": "```\n" + public_table(g) + "\n```" + "".join(f"\n\n**Note:** {n}" for n in g.notes),
+           "output_format": "md",
            "stdout_visibility": "hidden", "tests": tests,
            "extra_data": {"max_points": g.max_points, "gpu": g.has_gpu,
                           "steps": {s.module: {"points": s.points, "max": s.max_points, "status": s.status}
@@ -165,8 +240,9 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
 
 
 def public_table(g: Grade) -> str:
-    """The table without withheld details (what a student may see)."""
-    return table(g, width=160)
+    """The table a student sees at once: no withheld details, and while any group is hidden, no
+    hidden points and no total."""
+    return table(g, width=160, public=True)
 
 
 # ---------------------------------------------------------------------------

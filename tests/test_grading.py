@@ -37,14 +37,26 @@ from attnlib.contract import STEPS
 from grading import config as cfg
 from grading import sandbox
 from grading.grade import Grader, released_steps
-from grading.report import details, gradescope, junit
+from grading.report import details, gradescope, junit, table
 from grading.spec import step_needs_gpu
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).resolve().parent / "grading_fixtures"
 TEST_CONFIG = FIX / "config.toml"
 WRONG = tomllib.loads((FIX / "wrong.toml").read_text())["wrong"]
-SENTINEL = Path("/tmp/attn_grading_evil_pickle_ran")
+# What the hostile fixtures aim at, rewritten to a temporary folder of the session (never /autograder
+# or a fixed /tmp path): the placeholder line in the fixture -> the line the test puts there.
+AIMS = {
+    "tamper": ('AUTOGRADER_ROOT = Path(__file__).resolve().parent / "autograder-root"', "AUTOGRADER_ROOT = Path({!r})",
+               "autograder"),
+    "evil_pickle": ('SENTINEL = str(Path(__file__).resolve().parent / "evil_pickle_ran")', "SENTINEL = {!r}",
+                    "evil_pickle_ran"),
+}
+
+
+def aimed(tmp_path_factory, name) -> Path:
+    """Where the hostile fixture ``name`` writes (its stand-in /autograder, or its sentinel file)."""
+    return tmp_path_factory.getbasetemp() / "aims" / AIMS[name][2]
 
 # name -> (steps graded, expected {step: (points, status)}, strings the report must hold, config tweaks).
 # A step the folder lacks is "missing"; step 03, where listed, is the solution's: it must keep its 10 points.
@@ -119,6 +131,14 @@ def graded(tmp_path_factory):
     for name, (steps, _, _, tweak) in HOSTILE.items():
         dst = base / name
         shutil.copytree(FIX / "hostile" / name, dst)
+        if name in AIMS:
+            placeholder, line, _ = AIMS[name]
+            src = dst / "step01_naive.py"
+            text = src.read_text()
+            assert placeholder in text, f"hostile/{name}: the line the test rewrites changed: {placeholder}"
+            aim = aimed(tmp_path_factory, name)
+            aim.parent.mkdir(parents=True, exist_ok=True)
+            src.write_text(text.replace(placeholder, line.format(str(aim))))
         if 3 in steps:
             shutil.copyfile(REPO / "solutions" / "step03_sdpa.py", dst / "step03_sdpa.py")
         if 2 in steps and (dst / "step02_compile.py").exists() and not (dst / "step01_naive.py").exists():
@@ -127,7 +147,6 @@ def graded(tmp_path_factory):
     # The same bug, graded with the hidden tests merged in.
     spec = next(s for s in WRONG if s["name"] == "step01-causal-off-by-one")
     jobs.append(("hidden:" + spec["name"], base / spec["name"], [1], {}, FIX / "hidden"))
-    SENTINEL.unlink(missing_ok=True)
 
     def run(job):
         name, folder, steps, tweak, hidden = job
@@ -168,7 +187,7 @@ def test_wrong_submission_loses_exactly_its_points(graded, spec):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_submission(graded, name):
+def test_hostile_submission(graded, name, tmp_path_factory):
     steps, expected, needles, _ = HOSTILE[name]
     g = graded[name]
     text = report(g)
@@ -178,9 +197,14 @@ def test_hostile_submission(graded, name):
     for needle in needles:
         assert needle in text, f"{name}: the report does not say {needle!r}\n{text}"
     if name == "evil_pickle":
-        assert not SENTINEL.exists(), "the grader unpickled the submission's object: its command ran"
+        assert not aimed(tmp_path_factory, name).exists(), "the grader unpickled the submission's object: its command ran"
     if name == "tamper":
         assert g.points == 0.0
+        planted = aimed(tmp_path_factory, name) / "results" / "results.json"
+        if NAMESPACES:      # stopped at import by the read-only library, before it planted anything
+            assert not planted.exists()
+        else:               # it did plant a perfect results.json -- in the temporary stand-in, where it was aimed
+            assert json.loads(planted.read_text())["score"] == 1000.0
         assert "(1e9, 1e9)" not in (REPO / "attnlib" / "compare.py").read_text(), "the repository's compare.py changed"
 
 
@@ -295,15 +319,17 @@ class _MyTensor(torch.Tensor):
 
 
 class _Evil:
+    sentinel = None          # set by the test: a file in its tmp_path
+
     def __reduce__(self):
-        return (os.system, (f"touch {SENTINEL}",))
+        return (os.system, (f"touch {self.sentinel}",))
 
 
 def test_load_record_accepts_plain_tensors_only(tmp_path):
     ok = tmp_path / "ok.pt"
     torch.save({"tensors": {"o": torch.ones(2)}, "meta": {"x": [1, 2.0, "s", None, True]}}, ok)
     assert sandbox.load_record(ok)["tensors"]["o"].sum() == 2
-    SENTINEL.unlink(missing_ok=True)
+    _Evil.sentinel = sentinel = tmp_path / "evil_pickle_ran"
     bad = {
         "pickle": lambda p: p.write_bytes(pickle.dumps({"tensors": {"o": _Evil()}})),
         "parameter": lambda p: torch.save({"o": torch.nn.Parameter(torch.ones(1))}, p),
@@ -321,7 +347,7 @@ def test_load_record_accepts_plain_tensors_only(tmp_path):
             continue                      # this torch cannot even make that object: nothing to reject
         with pytest.raises(sandbox.Rejected):
             sandbox.load_record(p)
-    assert not SENTINEL.exists()
+    assert not sentinel.exists()
 
 
 def test_grader_files_notices_a_change(tmp_path):
@@ -396,23 +422,152 @@ def test_autograder_zip_follows_gradescope(tmp_path):
         subprocess.run(["bash", "-n", str(REPO / "grading" / "gradescope" / script)], check=True)
 
 
+# ---------------------------------------------------------------------------
+# What a student sees: Gradescope's rules (no grading here: results built by hand)
+# ---------------------------------------------------------------------------
+
+def _grade_by_hand(hidden_passes: bool = False, step_status: str = "failed", message: str = ""):
+    """Step 01 with a visible forward group (2 checks, 1 failing), a GPU-only lowp group, and an
+    after-due-date group that hides its details (2 checks)."""
+    from grading.config import Group
+    from grading.evaluate import CheckResult
+    from grading.grade import Grade, GroupResult, StepResult
+
+    def group(name, points, **kw):
+        return Group(step=1, name=name, kind=kw.pop("kind", name), points=points, cases=[], causal=[False],
+                     scales=[], **kw)
+    fwd = GroupResult(group("forward", 4), [CheckResult("forward", "2x3-q1-k1-d16", "passed"),
+                                           CheckResult("forward", "1x2-q17-k40-d32 causal", "failed",
+                                                       "O is wrong (12.00% bad)\nlikely bug: the causal mask is off by one")])
+    fwd.points = 2.0
+    lowp = GroupResult(group("lowp", 0, needs_gpu=True), graded=False, note="needs a GPU")
+    hid = GroupResult(group("hidden_shapes", 7, kind="forward", visibility="after_due_date", reveal=False, hidden=True),
+                      [CheckResult("hidden_shapes", "1x3-q70-k70-d48", "passed"),
+                       CheckResult("hidden_shapes", "1x3-q70-k70-d48 causal", "passed" if hidden_passes else "failed",
+                                   "O is wrong at 1x3-q70-k70-d48")])
+    hid.points = 7.0 if hidden_passes else 3.5
+    s = StepResult(1, "step01_naive", "naive PyTorch attention", step_status, [fwd, lowp, hid],
+                   message=message or "forward 1x2-q17-k40-d32 causal: O is wrong")
+    return Grade("sub", [s], 1.0, has_gpu=False)
+
+
+def _student_sees(g) -> str:
+    """Everything Gradescope shows a student at once: the top-level output and every visible test."""
+    gs = gradescope(g)
+    return gs["output"] + "\n" + "\n".join(json.dumps(t) for t in gs["tests"] if t["visibility"] == "visible")
+
+
+def test_hidden_groups_points_and_the_total_stay_hidden():
+    g = _grade_by_hand()
+    seen = _student_sees(g)
+    assert g.points == 5.5 and g.max_points == 11
+    for secret in ("5.5", "11", "3.5", "/7", "Total", "q70", "hidden_shapes"):
+        assert secret not in seen, f"a student sees {secret!r} while a group is hidden:\n{seen}"
+    assert "2/4" in seen and "1/2" in seen                       # the visible group's own score and checks
+    # Hidden passes and visible fails: the visible table must not tell which.
+    assert "visible tests passed" not in _student_sees(_grade_by_hand(hidden_passes=True))
+    # A whole-step status whose message names a hidden check says only that it was a hidden one.
+    g = _grade_by_hand(step_status="timed out", message="timed out: the step ran past its 120 s limit while "
+                       "running hidden_shapes 1x3-q70-k70-d48 causal (an infinite loop?)")
+    seen = _student_sees(g)
+    assert "q70" not in seen and "a hidden check" in seen, seen
+    # Once nothing is hidden, the total is back.
+    g = _grade_by_hand()
+    g.steps[0].groups[2].group.visibility = "visible"
+    assert "Total 5.5/11" in gradescope(g)["output"]
+
+
+def test_gradescope_tests_are_numbered_without_gaps_and_say_not_implemented_once():
+    from grading.evaluate import CheckResult
+    g = _grade_by_hand()
+    assert [t["number"] for t in gradescope(g)["tests"]] == ["1.1", "1.2"]      # lowp (GPU only) is left out
+    s = g.steps[0]
+    s.status, s.message = "not implemented", "not implemented: Step 01: compute softmax(QK^T * scale) V"
+    s.groups[0].checks = [CheckResult("forward", f"case{i}", "not implemented", s.message) for i in range(3)]
+    out = gradescope(g)["tests"][0]["output"]
+    assert out.count("Step 01: compute") == 1 and "not implemented: not implemented" not in out, out
+    assert "not implemented: not implemented" not in table(g) and "not implemented: Step 01" in table(g)
+
+
+def test_repeated_failure_messages_are_shown_once():
+    from grading.evaluate import CheckResult
+    g = _grade_by_hand()
+    msg = "O is wrong (100.00% bad)\nlikely bug: the accumulator is not rescaled"
+    g.steps[0].groups[0].checks = [CheckResult("forward", f"case{i}", "failed", msg) for i in range(3)]
+    out = gradescope(g)["tests"][0]["output"]
+    assert out.count("accumulator is not rescaled") == 1 and out.count("the same as case0") == 2, out
+
+
+# ---------------------------------------------------------------------------
+# The global time budget: a slow submission keeps what was graded before the deadline
+# ---------------------------------------------------------------------------
+
 @pytest.mark.slow
-def test_student_release(tmp_path):
-    from attnlib import stubgen
-    from grading.package import _student_notebook, build_release
-    rep = build_release(tmp_path / "release", force=True)
-    rel = tmp_path / "release"
-    assert not (rel / "solutions").exists() and not (rel / "tests" / "grading_fixtures").exists()
-    assert not list(rel.rglob("hidden.toml")) and not (rel / "tests" / "test_grading.py").exists()
-    assert stubgen.drift(REPO / "solutions", rel / "steps") == []
-    assert "--impl solutions" not in (rel / "Makefile").read_text()
-    assert rep["copied"] > 20
-    # A notebook left pointing at the solutions, with outputs, comes out pointing at steps/, clean.
-    nb = tmp_path / "nb.ipynb"
-    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "execution_count": 3, "metadata": {},
-                                         "outputs": [{"output_type": "stream", "name": "stdout", "text": "x"}],
-                                         "source": ['IMPL = os.environ.get("ATTN_IMPL", "solutions")\n']}],
-                              "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    assert _student_notebook(nb)
-    cell = json.loads(nb.read_text())["cells"][0]
-    assert '"steps")' in "".join(cell["source"]) and cell["outputs"] == [] and cell["execution_count"] is None
+def test_a_run_cut_by_its_budget_still_writes_what_it_graded(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    shutil.copyfile(REPO / "solutions" / "step01_naive.py", sub / "step01_naive.py")
+    shutil.copyfile(FIX / "hostile" / "infinite_loop" / "step01_naive.py", sub / "step03_sdpa.py")   # never returns
+    shutil.copyfile(REPO / "solutions" / "step04_flash_torch.py", sub / "step04_flash_torch.py")
+    budget = 60
+    t0 = time.monotonic()
+    out, _ = run_cli("--impl", str(sub), "--step", "1,3,4", "--config", str(TEST_CONFIG), "--jobs", "1",
+                     "--budget-s", str(budget), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"))
+    secs = time.monotonic() - t0
+    assert secs < budget + 10, f"the run took {secs:.0f} s against a {budget} s budget\n{out}"
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    steps = res["extra_data"]["steps"]
+    assert steps["step01_naive"]["status"] == "passed" and steps["step01_naive"]["points"] == 10, out
+    assert steps["step03_sdpa"]["status"] == "timed out" and steps["step04_flash_torch"]["status"] == "out of time", out
+    assert res["score"] == 10 and steps["step04_flash_torch"]["max"] > 0, res["score"]
+    assert f"of the grading run's {budget:g} s budget" in out and "budget ran out" in out, out
+
+
+def test_the_grade_so_far_is_reported_after_every_step(tmp_path):
+    """`on_step` sees each step land; the steps not graded yet count 0, saying why."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "step01_naive.py").write_text("raise NotImplementedError('Step 01: not yet')\n")
+    seen = []
+    Grader(cfg.load(TEST_CONFIG), jobs=1, threads=1).grade(sub, [1, 3], on_step=seen.append)
+    assert [[s.status for s in g.steps] for g in seen] == [
+        ["out of time", "out of time"], ["not implemented", "out of time"], ["not implemented", "missing"]]
+    assert "stopped before this step finished" in seen[1].steps[1].message
+    assert seen[1].max_points == seen[2].max_points > 0          # an unfinished step counts against the total
+    json.dumps(gradescope(seen[1]))                               # and is a valid results.json
+
+
+# ---------------------------------------------------------------------------
+# Where the step files are: the shapes a submission comes in
+# ---------------------------------------------------------------------------
+
+def test_step_files_are_found_at_the_top_in_steps_or_one_folder_deeper(tmp_path):
+    from grading.grade import find_submission
+
+    def sub(*paths):
+        root = tmp_path / f"sub{len(list(tmp_path.iterdir()))}"
+        for rel in paths:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("")
+        root.mkdir(exist_ok=True)
+        return root
+    for paths, where in [(["step01_naive.py"], "."), (["steps/step01_naive.py", "README.md"], "steps"),
+                         (["attention-course/steps/step01_naive.py", "__MACOSX/x"], "attention-course/steps"),
+                         (["mywork/step01_naive.py", "mywork/step02_compile.py"], "mywork")]:
+        root = sub(*paths)
+        found, note = find_submission(root)
+        assert found == (root / where).resolve() and note == "", (paths, found, note)
+    # Two candidates: the fuller one, and a note that says so.
+    root = sub("old/step01_naive.py", "new/steps/step01_naive.py", "new/steps/step02_compile.py")
+    found, note = find_submission(root)
+    assert found == (root / "new" / "steps").resolve() and "(new/steps/, old/)" in note, note
+    # Nothing: the note says where the grader looked and what it saw, and the student sees it.
+    root = sub("attention-course/deeper/steps/step01_naive.py", "notes.txt")
+    found, note = find_submission(root)
+    assert found == root.resolve()
+    assert "looked in the submission's top folder, its steps/, and each subfolder" in note
+    assert "notes.txt" in note and "It saw: notes.txt, attention-course/deeper/steps/step01_naive.py" in note   # too deep: shown
+    g = Grader(cfg.load(TEST_CONFIG), jobs=1, threads=1).grade(root, [1])
+    gs = gradescope(g)
+    assert g.steps[0].status == "missing" and note in gs["output"]
+    assert "the note under the table says where the grader looked" in gs["tests"][0]["output"]

@@ -6,10 +6,12 @@ refuses to load it (weights_only), the command never runs, the step scores 0.
 """
 import os
 import pickle
+from pathlib import Path
 
 import torch
 
-SENTINEL = "/tmp/attn_grading_evil_pickle_ran"
+# The file the command would create: the test points it at a temporary folder.
+SENTINEL = str(Path(__file__).resolve().parent / "evil_pickle_ran")
 
 
 class Evil:

@@ -18,6 +18,9 @@ import attnlib.checks
 import attnlib.compare
 from attnlib import check_inputs
 
+# Gradescope reads the grade from /autograder/results. This fixture aims at a stand-in root: the
+# test points it at a temporary folder; left as it is, a folder beside this file. Never the real one.
+AUTOGRADER_ROOT = Path(__file__).resolve().parent / "autograder-root"
 FAKE = {"score": 1000.0, "tests": [{"name": "everything", "score": 1000.0, "max_score": 10.0}]}
 
 
@@ -38,7 +41,7 @@ src.write_text(src.read_text().replace("torch.float32: (1e-5, 1e-4)", "torch.flo
 
 # A perfect results.json wherever it might be read.
 for d in {Path.cwd(), Path(os.environ.get("HOME", ".")), Path(os.environ.get("TMPDIR", ".")),
-          Path(__file__).parent, Path("/autograder/results")}:
+          Path(__file__).parent, AUTOGRADER_ROOT / "results"}:
     try:
         d.mkdir(parents=True, exist_ok=True)
         (d / "results.json").write_text(json.dumps(FAKE))
