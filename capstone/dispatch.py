@@ -29,8 +29,6 @@ import os
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnlib.contract import check_inputs
 from attnlib.loader import load_step
@@ -58,26 +56,22 @@ def _code(code):
 
 
 def _math(q, k, v, is_causal, scale):
-    with sdpa_kernel([SDPBackend.MATH]):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+    """SDPA's math backend called directly (PyTorch's composite implementation): the fallback that always runs."""
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=is_causal, scale=scale)[0]
 
 
-def _sdpa(backend):
+def _step(n, backend=None):
+    """A baseline from the chosen folder's own steps: step 01 (naive) or step 03 (SDPA, a backend forced)."""
+    forced = {} if backend is None else {"backend": backend}
+
     def f(q, k, v, is_causal, scale):
-        with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
-    f.__name__ = f"sdpa_{backend.name.lower()}"
+        return load_step(n, _code(None)).attention(q, k, v, is_causal=is_causal, scale=scale, **forced)
     return f
 
 
-def _naive(q, k, v, is_causal, scale):
-    """Step 01's formula, from the chosen folder: the N x N scores in memory."""
-    return load_step(1, _code(None)).attention(q, k, v, is_causal=is_causal, scale=scale)
-
-
-# Not in `auto`'s order: what the course's kernels are measured against (python -m capstone train --attn ...).
-BASELINES = {"sdpa-flash": _sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION),
-             "sdpa": F.scaled_dot_product_attention, "naive": _naive}
+# Not in `auto`'s order: what the course's kernels are measured against (python -m capstone train --attn ...),
+# through the student's own steps 01 and 03.
+BASELINES = {"sdpa-flash": _step(3, "flash"), "sdpa-cudnn": _step(3, "cudnn"), "sdpa": _step(3), "naive": _step(1)}
 
 
 def _why_not(impl, q, code) -> str | None:
@@ -161,9 +155,7 @@ def choose(q, k, v, is_causal=False, impl="auto", code=None) -> Choice:
     if key in _CHOICES:
         return _CHOICES[key]
     if impl in BASELINES:
-        fn = BASELINES[impl]
-        _CHOICES[key] = Choice(impl, (lambda q, k, v, c, s: fn(q, k, v, is_causal=c, scale=s))
-                               if impl == "sdpa" else fn)
+        _CHOICES[key] = Choice(impl, BASELINES[impl])
         return _CHOICES[key]
     if torch.compiler.is_compiling():
         raise RuntimeError("capstone attention: no decision cached for these inputs; run the model (or "

@@ -95,11 +95,8 @@ def _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, s
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
         v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        full = _tile_full(m0, start_n, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        if full == 0:                                    # a boundary tile: mask it
-            seen = visible(offs_m[:, None], offs_n[None, :], WINDOW, N_GLOBAL, IS_CAUSAL) & (offs_n[None, :] < N_K)
-            s = tl.where(seen, s, float("-inf"))
+        # TODO(Step 09): scores s = q @ k^T * qk_scale as in step 05; only where the tile is not full (_tile_full), set s to -inf where not visible(...) or the key is >= N_K
+        raise NotImplementedError('Step 09: scores s = q @ k^T * qk_scale as in step 05; only where the tile is not full (_tile_full), set s to -inf where not visible(...) or the key is >= N_K')
         # TODO(Step 09): step 05's online softmax update in base 2, with one guard: where m_new is -inf (nothing seen yet in the row) subtract 0 instead, so exp2 never sees -inf - -inf
         raise NotImplementedError("Step 09: step 05's online softmax update in base 2, with one guard: where m_new is -inf (nothing seen yet in the row) subtract 0 instead, so exp2 never sees -inf - -inf")
     return acc, l_i, m_i
@@ -159,13 +156,8 @@ def _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, st
         do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
         lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
         delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
-        sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        pT = tl.math.exp2(sT - lse2[None, :])
-        full = _tile_full(start_m, n0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        if full == 0:
-            seen = visible(offs_m[None, :], offs_n[:, None], WINDOW, N_GLOBAL, IS_CAUSAL)
-            pT = tl.where(seen & (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), pT, 0.0)
+        # TODO(Step 09): step 06's recomputation, transposed: sT = k @ q^T * qk_scale, dpT = v @ do^T, pT = exp2(sT - lse2); where the tile is not full, pT = 0 where not visible(...) or out of range
+        raise NotImplementedError("Step 09: step 06's recomputation, transposed: sT = k @ q^T * qk_scale, dpT = v @ do^T, pT = exp2(sT - lse2); where the tile is not full, pT = 0 where not visible(...) or out of range")
         # TODO(Step 09): step 06's dK/dV updates: dv += pT @ do; dsT = pT * (dpT - delta); dk += dsT @ q (casts to the operands' dtype)
         raise NotImplementedError("Step 09: step 06's dK/dV updates: dv += pT @ do; dsT = pT * (dpT - delta); dk += dsT @ q (casts to the operands' dtype)")
     return dk, dv
@@ -229,12 +221,8 @@ def _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
         v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        p = tl.math.exp2(s - lse2[:, None])
-        full = _tile_full(m0, start_n, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        if full == 0:
-            seen = visible(offs_m[:, None], offs_n[None, :], WINDOW, N_GLOBAL, IS_CAUSAL)
-            p = tl.where(seen & (offs_n[None, :] < N_K), p, 0.0)
+        # TODO(Step 09): step 06's recomputation: s = q @ k^T * qk_scale, p = exp2(s - lse2); where the tile is not full, p = 0 where not visible(...) or the key is >= N_K
+        raise NotImplementedError("Step 09: step 06's recomputation: s = q @ k^T * qk_scale, p = exp2(s - lse2); where the tile is not full, p = 0 where not visible(...) or the key is >= N_K")
         # TODO(Step 09): step 06's dQ update: dp = do @ v^T; ds = p * (dp - delta); dq += ds @ k (ds cast to k's dtype)
         raise NotImplementedError("Step 09: step 06's dQ update: dp = do @ v^T; ds = p * (dp - delta); dq += ds @ k (ds cast to k's dtype)")
     return dq
