@@ -31,7 +31,8 @@ NVCC_FLAGS = ["-std=c++17", "-O3", "--use_fast_math", "-gencode=arch=compute_90,
 
 
 def _cu_files():
-    dirs = {REPO / "solutions" / "csrc", REPO / "steps" / "csrc"}
+    """The .cu files of the stubs (steps/) and of the implementation under test (--impl)."""
+    dirs = {REPO / "steps" / "csrc"}
     try:
         dirs.add(impl_root() / "csrc")
     except FileNotFoundError:
@@ -44,7 +45,7 @@ def test_every_cu_file_compiles(tmp_path):
     if nvcc is None:
         pytest.skip("nvcc is not on PATH: install the CUDA toolkit to compile-check the kernels")
     files = _cu_files()
-    assert any(f.parent.parent.name == "solutions" for f in files), "no .cu file found under solutions/csrc"
+    assert any(f.parent.parent == REPO / "steps" for f in files), "no .cu file found under steps/csrc"
 
     def compile_one(i_f):
         i, f = i_f
