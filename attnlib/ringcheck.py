@@ -1,0 +1,226 @@
+"""Step 10's check: ring attention on every rank of a group against single-process attention.
+
+Every rank draws the same whole-sequence q, k, v, dO from one seed, takes its own rows (the course's
+layout, ``positions``: contiguous, or zigzag when causal; never the student's ``shard``, which has
+its own test), runs ``ring_attention`` forward and backward, and sends back its O, dQ, dK, dV. Here,
+in one process, each rank's tensors are compared with the float64 reference's rows of that rank
+(``attnlib.compare.assert_close``, the course's one tolerance policy). On a failure the report says
+which rank and which rows (as sequence positions and zigzag chunks) are wrong, and, when it can tell,
+which ring bug it looks like: a K/V block missing or counted twice, the LSE merge overflowing, dK/dV
+not brought home.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .compare import CompareError, assert_close, format_ranges, measure, tolerance_for
+from .contract import STEPS, check_inputs
+from .inputs import make_dout, make_qkv
+from .reference import reference_attention, reference_backward
+
+RING_STEP = 10
+RING_MODULE = "step10_ring"
+
+
+def load_ring(impl=None):
+    """Step 10's module from the implementation folder (``$ATTN_IMPL``)."""
+    from .loader import load_step
+    if RING_STEP in STEPS:
+        return load_step(RING_STEP, impl)
+    # Until STEPS lists step 10 (the lead adds it when merging), import it by name the same way.
+    import importlib
+    from .loader import _package_for, impl_root
+    root = impl_root(impl)
+    if not (root / f"{RING_MODULE}.py").exists():
+        raise FileNotFoundError(f"{root / RING_MODULE}.py is missing")
+    return importlib.import_module(f"{_package_for(root)}.{RING_MODULE}")
+
+
+def positions(n, world, rank, is_causal):
+    """The sequence positions rank ``rank`` holds: contiguous, or zigzag chunks (rank, 2W-1-rank)."""
+    if not is_causal:
+        c = n // world
+        return torch.arange(rank * c, (rank + 1) * c)
+    c = n // (2 * world)
+    return torch.cat([torch.arange(rank * c, (rank + 1) * c),
+                      torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)])
+
+
+def describe_rows(n, world, rank, is_causal):
+    """'sequence rows 4-7, 8-11 (zigzag chunks 1 and 2 of 4)' for rank ``rank``."""
+    rows = format_ranges(positions(n, world, rank, is_causal).tolist())
+    if is_causal:
+        return f"sequence rows {rows} (zigzag chunks {rank} and {2 * world - 1 - rank} of 0-{2 * world - 1})"
+    return f"sequence rows {rows} (contiguous)"
+
+
+@dataclass(frozen=True)
+class RingCase:
+    batch: tuple = (1, 2)
+    n: int = 32                 # the whole sequence; each of W ranks holds n / W rows
+    d: int = 16
+    is_causal: bool = False
+    scale: float | None = None
+    gain: float = 1.0           # q is multiplied by it: gain 40 puts LSEs near 100 (the merge's overflow)
+    seed: int = 0
+    kernel: str = "auto"
+    dtype: str = "float32"
+
+    @property
+    def id(self):
+        b = "x".join(map(str, self.batch))
+        return (f"{b}-n{self.n}-d{self.d}-{'causal' if self.is_causal else 'full'}"
+                + (f"-gain{self.gain:g}" if self.gain != 1 else "")
+                + (f"-scale{self.scale:g}" if self.scale is not None else "")
+                + (f"-{self.kernel}" if self.kernel != "auto" else ""))
+
+
+def make_inputs(case: RingCase):
+    """The whole sequence's q, k, v and dO (every rank draws the same ones)."""
+    dtype = getattr(torch, case.dtype)
+    q, k, v = make_qkv(batch_shape=case.batch, Nq=case.n, D=case.d, seed=case.seed)
+    q = q * case.gain
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    return q, k, v, make_dout(q, seed=case.seed + 1)
+
+
+def ring_job(rank, world, case: RingCase, grads=True):
+    """Runs on every rank: this rank's rows through ``ring_attention``; returns its O (and grads)."""
+    step = load_ring(os.environ.get("ATTN_IMPL"))
+    q, k, v, dout = make_inputs(case)
+    idx = positions(case.n, world, rank, case.is_causal)
+    qs, ks, vs = (t[..., idx, :].clone().requires_grad_(grads) for t in (q, k, v))
+    kw = {} if case.kernel == "auto" else {"kernel": case.kernel}
+    o = step.ring_attention(qs, ks, vs, is_causal=case.is_causal, scale=case.scale, **kw)
+    out = {"o": o.detach()}
+    if grads:
+        o.backward(dout[..., idx, :])
+        out.update(dq=qs.grad, dk=ks.grad, dv=vs.grad)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The diagnosis: what a wrong rank's tensor looks like
+# ---------------------------------------------------------------------------
+
+def _close(a, b, dtype):
+    atol, rtol = tolerance_for(dtype)
+    *_, bad, _ = measure(a, b, 10 * atol, 10 * rtol)
+    return not bool(bad.any())
+
+
+def _what_if(q, k, v, dout, is_causal, scale, key_weight):
+    """O, dQ, dK (float64) of attention where key j's weight is multiplied by ``key_weight[j]``."""
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    s = q64 @ k64.transpose(-2, -1) * scale
+    if is_causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    s = s + torch.log(key_weight.double())                  # weight 0 -> -inf: the key is left out
+    o = torch.softmax(s, -1) @ v64
+    o.backward(dout.double())
+    return o.detach(), q64.grad, k64.grad, v64.grad
+
+
+def diagnose(name, actual, rank, world, case, q, k, v, dout, scale, refs):
+    """A likely-bug sentence for rank ``rank``'s wrong ``name`` (O, dQ, dK, dV), or None."""
+    n, causal = case.n, case.is_causal
+    idx = positions(n, world, rank, causal)
+    dtype = actual.dtype
+    if not torch.isfinite(actual).all():
+        return (f"NaN or Inf on rank {rank}: the LSE merge overflowed or took -inf - (-inf). With large "
+                "scores an LSE near 100 makes exp(lse) overflow in float32: subtract the larger LSE "
+                "before the exponentials (merge), and start from the first block's (out, lse)")
+    which = {"O": 0, "dQ": 1, "dK": 2, "dV": 3}[name]
+    rows_of = (lambda t: t[..., idx, :])
+    for s in range(world):
+        step = (rank - s) % world
+        for w, what in ((0.0, "is missing from"), (2.0, "is counted twice in")):
+            weight = torch.ones(n)
+            weight[positions(n, world, s, causal)] = w
+            alt = _what_if(q, k, v, dout, causal, scale, weight)[which]
+            if _close(actual, rows_of(alt), dtype):
+                fix = ("that step was skipped or its result never merged" if w == 0 else
+                       "the same block was used twice (after the wait, take the received buffers for the next step)")
+                return (f"the K/V block of rank {s} (it reaches rank {rank} at ring step {step}) {what} "
+                        f"rank {rank}'s {name}: {fix}")
+    if name in ("dK", "dV"):
+        for s in range(world):
+            if s != rank and _close(actual, refs[which][..., positions(n, world, s, causal), :], dtype):
+                return (f"rank {rank} holds the {name} of rank {s}'s keys: after the last ring step, dK/dV "
+                        f"must take one more hop to get back to the rank that owns the keys")
+        mask = torch.zeros(n, 1, dtype=torch.float64)
+        mask[idx] = 1.0
+        own = _what_if(q, k, v, dout.double() * mask, causal, scale, torch.ones(n))[which]
+        if _close(actual, rows_of(own), dtype):
+            return (f"rank {rank}'s {name} holds only its own queries' share: the shares the other ranks "
+                    "computed for these keys never came back (d_ring)")
+    if causal:
+        half = idx.numel() // 2
+        ref_rows = rows_of(refs[which])
+        atol, rtol = tolerance_for(dtype)
+        *_, bad, _ = measure(actual, ref_rows, atol, rtol)
+        per_row = bad.transpose(-2, 0).reshape(idx.numel(), -1).any(-1) if bad.dim() > 1 else bad
+        first, second = bool(per_row[:half].any()), bool(per_row[half:].any())
+        if first != second:
+            c = rank if first else 2 * world - 1 - rank
+            other = "ranks before it (src < rank: all its rows, first half of the keys)" if first else \
+                "ranks after it (src > rank: second half of its rows, all keys)"
+            return (f"only the {'first' if first else 'second'} chunk of rank {rank}'s shard (chunk {c}) is "
+                    f"wrong: check the zigzag plan for the blocks of the {other}")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The check
+# ---------------------------------------------------------------------------
+
+def check_ring(group, case: RingCase, grads=True):
+    """Run ``case`` on every rank of ``group`` (a ``RankGroup``) and compare each rank's tensors.
+
+    Raises ``CompareError`` with the first wrong tensor's report, preceded by a summary of every
+    (rank, tensor) that is wrong.
+    """
+    __tracebackhide__ = True
+    world = group.world
+    results = group.run(ring_job, case, grads)
+    q, k, v, dout = make_inputs(case)
+    scale = check_inputs(q, k, v, is_causal=case.is_causal, scale=case.scale)
+    ref_o, _ = reference_attention(q, k, v, case.is_causal, scale)
+    refs = (ref_o, *reference_backward(q, k, v, dout, case.is_causal, scale)) if grads else (ref_o,)
+    names = ("O", "dQ", "dK", "dV")[:len(refs)]
+    failures = []
+    for name, key, ref in zip(names, ("o", "dq", "dk", "dv"), refs):
+        for r in range(world):
+            idx = positions(case.n, world, r, case.is_causal)
+            got = results[r][key]
+            ctx = (f"rank {r} of {world}, {describe_rows(case.n, world, r, case.is_causal)}; "
+                   f"case {case.id}")
+            if got is None:
+                failures.append((name, r, f"{name} on rank {r} is None: the backward returned no gradient ({ctx})"))
+                continue
+            if tuple(got.shape) != tuple(ref[..., idx, :].shape) or got.dtype != getattr(torch, case.dtype):
+                failures.append((name, r, f"{name} on rank {r}: shape {tuple(got.shape)} {got.dtype}, expected "
+                                          f"{tuple(ref[..., idx, :].shape)} {case.dtype} ({ctx})"))
+                continue
+            # This rank's rows in place, every other row the reference's own: the policy's scale is
+            # the whole tensor's max|ref|, as for single-process attention, and only this rank's
+            # rows can be wrong. Rows are reported as sequence positions.
+            whole = ref.clone()
+            whole[..., idx, :] = got.detach().to(ref.dtype)
+            try:
+                assert_close(whole, ref, name=f"{name} on rank {r}", context=ctx,
+                             row_label="sequence rows", dtype=getattr(torch, case.dtype),
+                             hint=lambda got=got, name=name, r=r: diagnose(
+                                 name, got, r, world, case, q, k, v, dout, scale, refs))
+            except CompareError as e:
+                failures.append((name, r, str(e)))
+    if failures:
+        summary = ", ".join(f"{n} on rank {r}" for n, r, _ in failures)
+        raise CompareError(f"ring attention on {world} ranks, case {case.id}: wrong {summary}\n"
+                           + failures[0][2], None)
+    return results
