@@ -70,6 +70,7 @@ class RingCase:
     seed: int = 0
     kernel: str = "auto"
     dtype: str = "float32"
+    device: str = "cpu"         # where the ranks compute (bench/ring_gpu.py: "cuda"); checks run on the CPU
 
     @property
     def id(self):
@@ -81,7 +82,7 @@ class RingCase:
 
 
 def make_inputs(case: RingCase):
-    """The whole sequence's q, k, v and dO (every rank draws the same ones)."""
+    """The whole sequence's q, k, v and dO on the CPU (every rank draws the same ones)."""
     dtype = getattr(torch, case.dtype)
     q, k, v = make_qkv(batch_shape=case.batch, Nq=case.n, D=case.d, seed=case.seed)
     q = q * case.gain
@@ -94,16 +95,16 @@ def ring_job(rank, world, case: RingCase, grads=True):
     step = load_ring(os.environ.get("ATTN_IMPL"))
     q, k, v, dout = make_inputs(case)
     idx = positions(case.n, world, rank, case.is_causal)
-    qs, ks, vs = (t[..., idx, :].clone().requires_grad_(grads) for t in (q, k, v))
+    qs, ks, vs = (t[..., idx, :].to(case.device).requires_grad_(grads) for t in (q, k, v))
     kw = {} if case.kernel == "auto" else {"kernel": case.kernel}
     o = step.ring_attention(qs, ks, vs, is_causal=case.is_causal, scale=case.scale, **kw)
     _, lse = step.ring_attention_with_lse(qs.detach(), ks.detach(), vs.detach(), is_causal=case.is_causal,
                                           scale=case.scale, **kw)
     out = {"o": o.detach(), "lse": lse}
     if grads:
-        o.backward(dout[..., idx, :])
+        o.backward(dout[..., idx, :].to(case.device))
         out.update(dq=qs.grad, dk=ks.grad, dv=vs.grad)
-    return out
+    return {key: (t.cpu() if t is not None else None) for key, t in out.items()}
 
 
 # ---------------------------------------------------------------------------
@@ -222,6 +223,63 @@ def diagnose(name, actual, rank, world, case, q, k, v, dout, scale, refs):
 # The check
 # ---------------------------------------------------------------------------
 
+def _references(case, grads):
+    q, k, v, dout = make_inputs(case)
+    scale = check_inputs(q, k, v, is_causal=case.is_causal, scale=case.scale)
+    ref_o, ref_lse = reference_attention(q, k, v, case.is_causal, scale)
+    refs = (ref_o, *reference_backward(q, k, v, dout, case.is_causal, scale)) if grads else (ref_o,)
+    return (q, k, v, dout, scale), ref_lse, refs
+
+
+def rank_failures(result, rank, world, case, inputs, ref_lse, refs):
+    """``[(tensor name, rank, report)]`` for each of this rank's LSE, O (dQ, dK, dV) that is wrong."""
+    q, k, v, dout, scale = inputs
+    names = ("O", "dQ", "dK", "dV")[:len(refs)]
+    idx = positions(case.n, world, rank, case.is_causal)
+    ctx = f"rank {rank} of {world}, {describe_rows(case.n, world, rank, case.is_causal)}; case {case.id}"
+    failures = []
+    for name, key, ref in zip(("LSE", *names), ("lse", "o", "dq", "dk", "dv"), (ref_lse[..., None], *refs)):
+        got = result[key]
+        if got is None:
+            failures.append((name, rank, f"{name} on rank {rank} is None: the backward returned no gradient ({ctx})"))
+            continue
+        if name == "LSE":
+            got = got[..., None]                             # (..., R) -> (..., R, 1): rows on dim -2
+        want_dtype = torch.float32 if name == "LSE" else getattr(torch, case.dtype)
+        if tuple(got.shape) != tuple(ref[..., idx, :].shape) or got.dtype != want_dtype:
+            failures.append((name, rank, f"{name} on rank {rank}: shape {tuple(got.shape)} {got.dtype}, expected "
+                                         f"{tuple(ref[..., idx, :].shape)} {want_dtype} ({ctx})"))
+            continue
+        # This rank's rows in place, every other row the reference's own: the policy's scale is the
+        # whole tensor's max|ref|, as for single-process attention, and only this rank's rows can be
+        # wrong. Rows are reported as sequence positions.
+        whole = ref.clone()
+        whole[..., idx, :] = got.detach().to(ref.dtype)
+        try:
+            assert_close(whole, ref, name=f"{name} on rank {rank}", context=ctx, row_label="sequence rows",
+                         dtype=want_dtype,
+                         hint=lambda got=got, name=name: diagnose(name, got, rank, world, case, q, k, v, dout,
+                                                                  scale, refs))
+        except CompareError as e:
+            failures.append((name, rank, str(e)))
+    return failures
+
+
+def _raise(failures, world, case):
+    if failures:
+        summary = ", ".join(f"{n} on rank {r}" for n, r, _ in failures)
+        raise CompareError(f"ring attention on {world} ranks, case {case.id}: wrong {summary}\n"
+                           + failures[0][2], None)
+
+
+def check_rank(result, rank, world, case: RingCase, grads=True):
+    """One rank's ``ring_job`` result against its rows of the reference (what bench/ring_gpu.py runs
+    on each GPU before it times anything)."""
+    __tracebackhide__ = True
+    inputs, ref_lse, refs = _references(case, grads)
+    _raise(rank_failures(result, rank, world, case, inputs, ref_lse, refs), world, case)
+
+
 def check_ring(group, case: RingCase, grads=True):
     """Run ``case`` on every rank of ``group`` (a ``RankGroup``) and compare each rank's tensors.
 
@@ -229,47 +287,15 @@ def check_ring(group, case: RingCase, grads=True):
     (rank, tensor) that is wrong.
     """
     __tracebackhide__ = True
-    world = group.world
     results = group.run(ring_job, case, grads)
-    q, k, v, dout = make_inputs(case)
-    scale = check_inputs(q, k, v, is_causal=case.is_causal, scale=case.scale)
-    ref_o, ref_lse = reference_attention(q, k, v, case.is_causal, scale)
-    refs = (ref_o, *reference_backward(q, k, v, dout, case.is_causal, scale)) if grads else (ref_o,)
-    names = ("O", "dQ", "dK", "dV")[:len(refs)]
+    inputs, ref_lse, refs = _references(case, grads)
     failures = []
-    for name, key, ref in zip(("LSE", *names), ("lse", "o", "dq", "dk", "dv"), (ref_lse[..., None], *refs)):
-        for r in range(world):
-            idx = positions(case.n, world, r, case.is_causal)
-            got = results[r][key]
-            if name == "LSE" and got is not None:
-                got = got[..., None]                         # (..., R) -> (..., R, 1): rows on dim -2
-            ctx = (f"rank {r} of {world}, {describe_rows(case.n, world, r, case.is_causal)}; "
-                   f"case {case.id}")
-            if got is None:
-                failures.append((name, r, f"{name} on rank {r} is None: the backward returned no gradient ({ctx})"))
-                continue
-            want_dtype = torch.float32 if name == "LSE" else getattr(torch, case.dtype)
-            if tuple(got.shape) != tuple(ref[..., idx, :].shape) or got.dtype != want_dtype:
-                failures.append((name, r, f"{name} on rank {r}: shape {tuple(got.shape)} {got.dtype}, expected "
-                                          f"{tuple(ref[..., idx, :].shape)} {want_dtype} ({ctx})"))
-                continue
-            # This rank's rows in place, every other row the reference's own: the policy's scale is
-            # the whole tensor's max|ref|, as for single-process attention, and only this rank's
-            # rows can be wrong. Rows are reported as sequence positions.
-            whole = ref.clone()
-            whole[..., idx, :] = got.detach().to(ref.dtype)
-            try:
-                assert_close(whole, ref, name=f"{name} on rank {r}", context=ctx,
-                             row_label="sequence rows", dtype=torch.float32 if name == "LSE" else
-                             getattr(torch, case.dtype),
-                             hint=lambda got=got, name=name, r=r: diagnose(
-                                 name, got, r, world, case, q, k, v, dout, scale, refs))
-            except CompareError as e:
-                failures.append((name, r, str(e)))
-    if failures:
-        summary = ", ".join(f"{n} on rank {r}" for n, r, _ in failures)
-        raise CompareError(f"ring attention on {world} ranks, case {case.id}: wrong {summary}\n"
-                           + failures[0][2], None)
+    for r in range(group.world):
+        failures += rank_failures(results[r], r, group.world, case, inputs, ref_lse, refs)
+    # Reported tensor by tensor (every rank's LSE first, then O, ...): the earliest wrong quantity
+    # is where the bug is.
+    order = {"LSE": 0, "O": 1, "dQ": 2, "dK": 3, "dV": 4}
+    _raise(sorted(failures, key=lambda f: (order[f[0]], f[1])), group.world, case)
     return results
 
 
