@@ -162,7 +162,6 @@ def diagnose(name, actual, rank, world, case, q, k, v, dout, scale, refs):
     idx = positions(n, world, rank, causal)
     dtype = actual.dtype
     ref_lse = reference_attention(q, k, v, causal, scale)[1]
-    big = float(ref_lse[..., idx].abs().max())
     if name == "LSE" and not torch.isfinite(actual).all():
         return _lse_hint(actual, rank, ref_lse[..., idx])
     if not torch.isfinite(actual).all():
@@ -208,9 +207,6 @@ def diagnose(name, actual, rank, world, case, q, k, v, dout, scale, refs):
         if _close(actual, rows_of(own), dtype):
             return (f"rank {rank}'s {name} holds only its own queries' share: the shares the other ranks "
                     "computed for these keys never came back (d_ring)")
-    if big > 80 and name in ("O", "LSE"):
-        return (f"rank {rank}'s LSEs reach {big:.0f}: if only this large-score case fails, look at the merge "
-                "(e^x overflows float32 past 88.7; take the larger LSE out first)")
     if causal and name in ("O", "LSE"):
         return (f"causal, zigzag: rank {rank}'s chunk {rank} must see chunks 0-{rank} and its chunk "
                 f"{2 * world - 1 - rank} chunks 0-{2 * world - 1 - rank}; check _block_plan's three cases "
