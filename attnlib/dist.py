@@ -175,6 +175,10 @@ class RankGroup:
         for r, (kind, _, text, exc) in sorted(failed.items()):
             last = text.strip().splitlines()[-1] if text else kind
             lines.append(f"  rank {r}: {last}")
+            if "Timed out" in last:
+                lines.append(f"    (rank {r} waited {self.timeout_s:.0f} s for a message no rank sent: check that "
+                             "every rank posts the same hops in the same order, and that the sender's peer is "
+                             "this rank)")
         first = next((m for _, m in sorted(failed.items()) if m[2]), None)
         if first is not None:
             lines.append(f"  traceback of rank {first[1]}:\n" + "\n".join("    " + s for s in first[2].splitlines()))

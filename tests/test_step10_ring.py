@@ -199,3 +199,22 @@ def test_each_hop_is_posted_before_the_block_is_computed(group2):
                 f"rank {rank}, backward on 2 ranks: events {bwd}; expected the K/V hop posted before the first "
                 "block's backward, two block backwards, and three hops (K/V once, dK/dV twice: on, then home)")
             assert bwd.index("post", 2) > bwd.index("bwd"), f"rank {rank}: dK/dV sent before being computed: {bwd}"
+
+
+def stuck_job(rank, world):
+    """Rank 0 waits for a message no rank sends: the classic ring deadlock."""
+    import torch.distributed as dist
+    if rank == 0:
+        dist.recv(torch.zeros(1), src=1)
+    return rank
+
+
+@pytest.mark.slow
+def test_a_rank_stuck_in_a_receive_is_named_and_the_group_restarts():
+    with RankGroup(world=2, timeout_s=3) as g:
+        with pytest.raises(AssertionError) as info:
+            g.run(stuck_job)
+        report = str(info.value)
+        assert "rank 0:" in report and "rank 1:" not in report and "no rank sent" in report, report
+        assert g.run(trace_job, False), "the group must start again after a failure"
+        assert g.starts == 2
