@@ -1,21 +1,32 @@
-"""Writes 01_naive.ipynb (no outputs). Run: python notebooks/build_01.py"""
-from _nbwrite import write
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-write("01_naive.ipynb", [
-("md", r"""
-# Step 01 — Naive attention, and the N × N matrix it needs
+# %% [markdown]
+# # Step 01 — Naive attention, and the N × N matrix it needs
+#
+# $$O = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{D}} + M\right) V$$
+#
+# In this notebook you will:
+# - write attention the textbook way (in `steps/step01_naive.py`) and check it against the float64 reference;
+# - count the memory the score matrix takes, before measuring it;
+# - see with `torch.profiler` where the time goes.
+#
+# Everything later in the course computes this same function; only the way it moves memory changes.
 
-$$O = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{D}} + M\right) V$$
-
-In this notebook you will:
-- write attention the textbook way (in `steps/step01_naive.py`) and check it against the float64 reference;
-- count the memory the score matrix takes, before measuring it;
-- see with `torch.profiler` where the time goes.
-
-Everything later in the course computes this same function; only the way it moves memory changes.
-"""),
-("code", r"""
-# The one switch: IMPL = "steps" runs your code, "solutions" the course's.
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
 import os
 IMPL = os.environ.get("ATTN_IMPL", "steps")
 
@@ -27,32 +38,33 @@ import matplotlib.pyplot as plt
 from attnlib import make_qkv, reference_attention
 from attnlib.checks import check_attention
 step01 = load_step(1)
-"""),
-("md", r"""
-## 1. Correct first
 
-`check_attention` runs your `attention` forward and backward and compares O, dQ, dK and dV with the
-float64 reference (`attnlib/reference.py`). On a mismatch it tells you where the error lives and, when
-it can, which classic bug it looks like.
-"""),
-("code", r"""
+# %% [markdown]
+# ## 1. Correct first
+#
+# `check_attention` runs your `attention` forward and backward and compares O, dQ, dK and dV with the
+# float64 reference (`attnlib/reference.py`). On a mismatch it tells you where the error lives and, when
+# it can, which classic bug it looks like.
+
+# %%
 dtype = torch.float32 if device == "cpu" else torch.float16
 for nq, nk in [(17, 17), (100, 33), (1, 1)]:
     for causal in (False, True):
         q, k, v = make_qkv(2, 4, nq, nk, 64, dtype=dtype, device=device)
         check_attention(step01.attention, q, k, v, is_causal=causal)
 print("step 01 matches the reference, forward and backward")
-"""),
-("md", r"""
-## 2. Count the memory before measuring it
 
-The score matrix $S = QK^\top$ has $N_q \times N_k$ elements for every (batch, head). The softmax
-output $P$ has as many again, and autograd keeps $P$ for the backward. The CS336 sweep (batch 8, one
-head) runs out of memory at $N = 8192$:
 
-$8 \times 8192 \times 8192 \times 4$ bytes $= 2^{31}$ bytes $= 2$ GiB for $S$ alone in fp32.
-"""),
-("code", r"""
+# %% [markdown]
+# ## 2. Count the memory before measuring it
+#
+# The score matrix $S = QK^\top$ has $N_q \times N_k$ elements for every (batch, head). The softmax
+# output $P$ has as many again, and autograd keeps $P$ for the backward. The CS336 sweep (batch 8, one
+# head) runs out of memory at $N = 8192$:
+#
+# $8 \times 8192 \times 8192 \times 4$ bytes $= 2^{31}$ bytes $= 2$ GiB for $S$ alone in fp32.
+
+# %%
 def score_bytes(B, H, N, bytes_per=4):
     return B * H * N * N * bytes_per
 
@@ -64,12 +76,12 @@ for name, b in [("fp32", 4), ("bf16", 2)]:
 plt.plot(Ns, [8 * n * 64 * 4 / 2**30 for n in Ns], "k--", label="Q (D=64, fp32), for scale")
 plt.xscale("log", base=2); plt.yscale("log"); plt.xlabel("N"); plt.ylabel("GiB (batch 8, 1 head)")
 plt.title("One N × N matrix against the inputs"); plt.legend(); plt.tight_layout(); plt.show()
-"""),
-("md", r"""
-Now measure it. On a GPU we read the allocator's peak; on a CPU we intercept every tensor the
-computation creates (a `TorchDispatchMode`) and report the largest one.
-"""),
-("code", r"""
+
+# %% [markdown]
+# Now measure it. On a GPU we read the allocator's peak; on a CPU we intercept every tensor the
+# computation creates (a `TorchDispatchMode`) and report the largest one.
+
+# %%
 from torch.utils._python_dispatch import TorchDispatchMode
 
 class LargestTensor(TorchDispatchMode):
@@ -91,14 +103,14 @@ if device == "cuda":
     torch.cuda.reset_peak_memory_stats()
     step01.attention(q, k, v, is_causal=True).sum().backward()
     print(f"peak allocated: {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
-"""),
-("md", r"""
-## 3. Where the time goes
 
-The naive version launches one operation after another — matmul, scale, mask, softmax, matmul — and
-each reads its input from memory and writes its output back. The profiler lists them.
-"""),
-("code", r"""
+# %% [markdown]
+# ## 3. Where the time goes
+#
+# The naive version launches one operation after another — matmul, scale, mask, softmax, matmul — and
+# each reads its input from memory and writes its output back. The profiler lists them.
+
+# %%
 from torch.profiler import profile, ProfilerActivity
 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
 N = 256 if small else 4096
@@ -110,11 +122,9 @@ with profile(activities=acts) as prof:
         step01.attention(q, k, v, is_causal=True)
 key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
 print(prof.key_averages().table(sort_by=key, row_limit=10))
-"""),
-("md", r"""
-Read the table: the two matrix products (`aten::matmul`/`bmm`) dominate the arithmetic, but the
-softmax, the mask and the copies each take a full pass over an N × N tensor. Those passes are pure
-memory traffic, and they are what the next steps remove: step 02 fuses some of them, step 03 and
-FlashAttention (step 04 onwards) never write the N × N matrix at all.
-"""),
-])
+
+# %% [markdown]
+# Read the table: the two matrix products (`aten::matmul`/`bmm`) dominate the arithmetic, but the
+# softmax, the mask and the copies each take a full pass over an N × N tensor. Those passes are pure
+# memory traffic, and they are what the next steps remove: step 02 fuses some of them, step 03 and
+# FlashAttention (step 04 onwards) never write the N × N matrix at all.

@@ -1,46 +1,59 @@
-"""Writes 02_compile.ipynb (no outputs). Run: python notebooks/build_02.py"""
-from _nbwrite import write
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-write("02_compile.ipynb", [
-("md", r"""
-# Step 02 — `torch.compile`: fusion without a new algorithm
+# %% [markdown]
+# # Step 02 — `torch.compile`: fusion without a new algorithm
+#
+# `torch.compile` traces step 01's `naive_attention` into a graph; Inductor then generates kernels that
+# fuse the elementwise work (scale, mask, softmax) and calls a library for the matrix products.
+#
+# In this notebook you will:
+# - compile the naive attention (in `steps/step02_compile.py`) and check it;
+# - read the code Inductor generated: what fused and what did not;
+# - see that the N × N buffer is still there, so memory stays O(N²);
+# - measure what compiling and recompiling cost.
 
-`torch.compile` traces step 01's `naive_attention` into a graph; Inductor then generates kernels that
-fuse the elementwise work (scale, mask, softmax) and calls a library for the matrix products.
-
-In this notebook you will:
-- compile the naive attention (in `steps/step02_compile.py`) and check it;
-- read the code Inductor generated: what fused and what did not;
-- see that the N × N buffer is still there, so memory stays O(N²);
-- measure what compiling and recompiling cost.
-"""),
-("code", r"""
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
 import os
-IMPL = os.environ.get("ATTN_IMPL", "steps")     # "steps": your code; "solutions": the course's
+IMPL = os.environ.get("ATTN_IMPL", "steps")
 
-from attnlib.nb import setup, median_ms as nb_median_ms
+from attnlib.nb import setup
 load_step, device, small = setup(IMPL)
+from attnlib.nb import median_ms as nb_median_ms
 
 import re, time, torch
 import matplotlib.pyplot as plt
 from attnlib import make_qkv
 from attnlib.checks import check_attention
 step01, step02 = load_step(1), load_step(2)
-"""),
-("code", r"""
+
+# %%
 q, k, v = make_qkv(2, 4, 100, 33, 64, device=device)
 for causal in (False, True):
     check_attention(step02.attention, q, k, v, is_causal=causal)
 print("step 02 matches the reference")
-"""),
-("md", r"""
-## What fused
 
-`run_and_get_code` returns the source Inductor wrote. Kernel definitions (`cpp_fused_*` on a CPU,
-`triton_*` on a GPU) are the fused pieces; `extern_kernels.bmm`/`mm` are the library matrix
-products; `empty_strided` lines are the buffers it allocates.
-"""),
-("code", r"""
+# %% [markdown]
+# ## What fused
+#
+# `run_and_get_code` returns the source Inductor wrote. Kernel definitions (`cpp_fused_*` on a CPU,
+# `triton_*` on a GPU) are the fused pieces; `extern_kernels.bmm`/`mm` are the library matrix
+# products; `empty_strided` lines are the buffers it allocates.
+
+# %%
 from torch._inductor.utils import run_and_get_code
 torch._dynamo.reset()
 N = 256
@@ -55,18 +68,19 @@ print("fused kernels :", fused)
 print("library calls :", externs)
 bufs = re.findall(r"empty_strided\w*\(\(([^)]*)\)", code)
 print("buffers       :", bufs)
-"""),
-("md", r"""
-Look at the buffers: one of them is `(8, 256, 256)` — (B·H) × N × N, the scores of every head. The softmax fused with the
-scale and the mask, but its input (the output of the first `bmm`) and its output (the input of the
-second) still live in memory. Compilation changes the constant, not the O(N²).
 
-## What it buys, and what it costs
 
-Time eager against compiled across N (median of several runs after warm-up), then the cost of a
-recompile when the shape changes and the graph was compiled for static shapes.
-"""),
-("code", r"""
+# %% [markdown]
+# Look at the buffers: one of them is `(8, 256, 256)` — (B·H) × N × N, the scores of every head. The softmax fused with the
+# scale and the mask, but its input (the output of the first `bmm`) and its output (the input of the
+# second) still live in memory. Compilation changes the constant, not the O(N²).
+#
+# ## What it buys, and what it costs
+#
+# Time eager against compiled across N (median of several runs after warm-up), then the cost of a
+# recompile when the shape changes and the graph was compiled for static shapes.
+
+# %%
 def median_ms(f, reps=5):
     return nb_median_ms(f, device, reps)
 
@@ -83,8 +97,8 @@ plt.figure(figsize=(5, 3.2))
 plt.plot(Ns, eager, "o-", label="eager (step 01)"); plt.plot(Ns, comp, "o-", label="compiled (step 02)")
 plt.xscale("log", base=2); plt.yscale("log"); plt.xlabel("N"); plt.ylabel("ms (forward)")
 plt.legend(); plt.tight_layout(); plt.show()
-"""),
-("code", r"""
+
+# %%
 # Recompiles: a static-shape graph is recompiled for every new N; dynamic=True compiles once.
 import torch._inductor.config as inductor_config
 for dynamic in (False, True):
@@ -100,10 +114,8 @@ for dynamic in (False, True):
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
     print(f"dynamic={dynamic!s:5}: first calls at N=64, 96, 128 took "
           + ", ".join(f"{t:.2f}s" for t in times) + f"; {graphs} graph(s) compiled")
-"""),
-("md", r"""
-With static shapes every new N pays a compile (seconds); with `dynamic=True` only the first call
-does (PyTorch also switches to dynamic shapes by itself after the first recompile). Training with one
-sequence length never notices; serving with many lengths does.
-"""),
-])
+
+# %% [markdown]
+# With static shapes every new N pays a compile (seconds); with `dynamic=True` only the first call
+# does (PyTorch also switches to dynamic shapes by itself after the first recompile). Training with one
+# sequence length never notices; serving with many lengths does.

@@ -1,32 +1,47 @@
-"""Writes 05_triton_fwd.ipynb (no outputs). Run: python notebooks/build_05.py"""
-from _nbwrite import write
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-write("05_triton_fwd.ipynb", [
-("md", r"""
-# Step 05 — the forward pass as a Triton kernel
+# %% [markdown]
+# # Step 05 — the forward pass as a Triton kernel
+#
+# Step 04 ran FlashAttention-2's forward as PyTorch operations on tiles: every tile operation was a
+# separate kernel that wrote its result to memory. A Triton kernel is one program per tile of
+# queries that keeps the Q tile, the running max $m$, the running sum $\ell$ and the output
+# accumulator **on chip** for the whole loop over key tiles, and writes only $O$ and the LSE.
+#
+# In this notebook you will:
+# 1. write a one-tile attention kernel, launch it, and watch it fail when the keys need two tiles;
+# 2. print from inside a kernel (on a laptop, Triton runs kernels in its *interpreter*);
+# 3. see why the kernel works in base 2 (`exp2`, with $\log_2 e$ folded into the scale);
+# 4. check your `steps/step05_triton_fwd.py` against the float64 reference;
+# 5. count the causal tiles that are skipped and the ones that are masked;
+# 6. see what tile sizes, warps and pipeline stages do on an H200, and the recorded speeds.
+#
+# Without a GPU, `setup()` sets `TRITON_INTERPRET=1` before anything imports Triton: kernels then
+# run as NumPy code, one program after another (slow, but you can print and step through them).
+# The interpreter's bf16 `tl.dot` is wrong, so on a CPU use fp32 or fp16.
 
-Step 04 ran FlashAttention-2's forward as PyTorch operations on tiles: every tile operation was a
-separate kernel that wrote its result to memory. A Triton kernel is one program per tile of
-queries that keeps the Q tile, the running max $m$, the running sum $\ell$ and the output
-accumulator **on chip** for the whole loop over key tiles, and writes only $O$ and the LSE.
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
+import os
+IMPL = os.environ.get("ATTN_IMPL", "steps")
 
-In this notebook you will:
-1. write a one-tile attention kernel, launch it, and watch it fail when the keys need two tiles;
-2. print from inside a kernel (on a laptop, Triton runs kernels in its *interpreter*);
-3. see why the kernel works in base 2 (`exp2`, with $\log_2 e$ folded into the scale);
-4. check your `steps/step05_triton_fwd.py` against the float64 reference;
-5. count the causal tiles that are skipped and the ones that are masked;
-6. see what tile sizes, warps and pipeline stages do on an H200, and the recorded speeds.
-
-Without a GPU, `setup()` sets `TRITON_INTERPRET=1` before anything imports Triton: kernels then
-run as NumPy code, one program after another (slow, but you can print and step through them).
-The interpreter's bf16 `tl.dot` is wrong, so on a CPU use fp32 or fp16.
-"""),
-("code", r"""
 from attnlib.nb import setup
-load_step, device, small = setup()
-"""),
-("code", r"""
+load_step, device, small = setup(IMPL)
+
+# %%
 import json, math, os
 import torch
 import triton
@@ -39,16 +54,17 @@ from attnlib.nb import REPO
 step05 = load_step(5)
 RESULTS = REPO / "results" / "h200"
 print("Triton", triton.__version__, "| interpreter:", os.environ.get("TRITON_INTERPRET") == "1")
-"""),
-("md", r"""
-## 1. A one-tile kernel
 
-The smallest useful Triton program: `tl.program_id(0)` says which tile of query rows this program
-owns; `tl.arange` builds the row and column indices; `tl.load` with a **mask** reads the rows that
-exist (and `other=0.0` for the rest, so a partial last tile is safe); `tl.dot` multiplies tiles.
-If every key fits in one tile of `BLOCK_N` rows, a plain softmax over that tile is the whole job.
-"""),
-("code", r"""
+
+# %% [markdown]
+# ## 1. A one-tile kernel
+#
+# The smallest useful Triton program: `tl.program_id(0)` says which tile of query rows this program
+# owns; `tl.arange` builds the row and column indices; `tl.load` with a **mask** reads the rows that
+# exist (and `other=0.0` for the rest, so a partial last tile is safe); `tl.dot` multiplies tiles.
+# If every key fits in one tile of `BLOCK_N` rows, a plain softmax over that tile is the whole job.
+
+# %%
 @triton.jit
 def one_tile_kernel(Q, K, V, O, N_Q, N_K, scale,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -77,14 +93,14 @@ def one_tile_attention(q, k, v, BLOCK_M=16, BLOCK_N=64):
 q, k, v = (t[0, 0].contiguous() for t in make_qkv(1, 1, 40, 40, 32, device=device))
 assert_close(one_tile_attention(q, k, v), reference_attention(q, k, v)[0], name="O")
 print("40 keys in one tile of 64: matches the reference")
-"""),
-("md", r"""
-With 100 keys the tile of 64 sees only the first 64, and the answer is silently wrong. Making
-`BLOCK_N` as large as N does not scale: the S tile lives in registers, and a GPU program has a few
-hundred registers per thread. The fix is step 04's loop over key tiles with the online softmax,
-which is exactly what `_fwd_inner` in `step05_triton_fwd.py` does.
-"""),
-("code", r"""
+
+# %% [markdown]
+# With 100 keys the tile of 64 sees only the first 64, and the answer is silently wrong. Making
+# `BLOCK_N` as large as N does not scale: the S tile lives in registers, and a GPU program has a few
+# hundred registers per thread. The fix is step 04's loop over key tiles with the online softmax,
+# which is exactly what `_fwd_inner` in `step05_triton_fwd.py` does.
+
+# %%
 q, k, v = (t[0, 0].contiguous() for t in make_qkv(1, 1, 40, 100, 32, device=device))
 try:
     assert_close(one_tile_attention(q, k, v), reference_attention(q, k, v)[0], name="O",
@@ -92,20 +108,21 @@ try:
 except CompareError as e:
     print(str(e).splitlines()[0])
     print(str(e).splitlines()[1])
-"""),
-("md", r"""
-## 2. Printing inside a kernel
 
-- `tl.static_print(...)` runs when the kernel is **compiled**: it shows types, shapes and
-  `constexpr` values (in the interpreter, at every launch).
-- `tl.device_print("name", x)` runs when the kernel **runs**, in every program. On a GPU the
-  output comes from the device after the kernel finishes (in a terminal; Jupyter may not show it).
-- In the interpreter the kernel is ordinary Python: `print(x)` and `breakpoint()` work too. Launch
-  one program (`grid = (1,)`) and a tiny input, or you will read thousands of lines.
 
-Here, the online-softmax statistics of one row, tile by tile:
-"""),
-("code", r"""
+# %% [markdown]
+# ## 2. Printing inside a kernel
+#
+# - `tl.static_print(...)` runs when the kernel is **compiled**: it shows types, shapes and
+#   `constexpr` values (in the interpreter, at every launch).
+# - `tl.device_print("name", x)` runs when the kernel **runs**, in every program. On a GPU the
+#   output comes from the device after the kernel finishes (in a terminal; Jupyter may not show it).
+# - In the interpreter the kernel is ordinary Python: `print(x)` and `breakpoint()` work too. Launch
+#   one program (`grid = (1,)`) and a tiny input, or you will read thousands of lines.
+#
+# Here, the online-softmax statistics of one row, tile by tile:
+
+# %%
 @triton.jit
 def running_max_kernel(X, N, BLOCK: tl.constexpr):
     m = tl.full([1], float("-inf"), tl.float32)
@@ -125,17 +142,17 @@ running_max_kernel[(1,)](x, x.numel(), BLOCK=4)
 if device == "cuda":
     torch.cuda.synchronize()
 print("torch:  m =", x.max().item(), " l =", torch.exp(x - x.max()).sum().item())
-"""),
-("md", r"""
-## 3. Why base 2
 
-$e^{x} = 2^{x \log_2 e}$. The kernel multiplies the scores by `scale * log2(e)` once (the scale
-multiply was there anyway), keeps $m$ in base-2 units and calls `exp2`, which is the GPU's native
-special-function instruction (`MUFU.EX2`; `exp` is `exp2` plus a multiply). The maximum and the
-sum do not care about the base, so only the stored LSE is converted back:
-$\mathrm{LSE} = (m_2 + \log_2 \ell)\,\ln 2$.
-"""),
-("code", r"""
+# %% [markdown]
+# ## 3. Why base 2
+#
+# $e^{x} = 2^{x \log_2 e}$. The kernel multiplies the scores by `scale * log2(e)` once (the scale
+# multiply was there anyway), keeps $m$ in base-2 units and calls `exp2`, which is the GPU's native
+# special-function instruction (`MUFU.EX2`; `exp` is `exp2` plus a multiply). The maximum and the
+# sum do not care about the base, so only the stored LSE is converted back:
+# $\mathrm{LSE} = (m_2 + \log_2 \ell)\,\ln 2$.
+
+# %%
 s = torch.randn(6, dtype=torch.float64) * 3
 LOG2E = 1 / math.log(2)
 s2 = s * LOG2E                                           # scores in base-2 units
@@ -144,16 +161,16 @@ l = torch.exp2(s2 - m2).sum()
 print("softmax, base e:", torch.softmax(s, 0)[:3].numpy())
 print("softmax, base 2:", (torch.exp2(s2 - m2) / l)[:3].numpy())
 print("LSE:", torch.logsumexp(s, 0).item(), "=", ((m2 + torch.log2(l)) * math.log(2)).item())
-"""),
-("md", r"""
-## 4. Check your kernel
 
-`attention_with_lse` returns $O$ and the LSE; both are compared with the float64 reference. The
-shapes are awkward on purpose: 17 and 100 rows are no multiple of a tile, $N_q \ne N_k$, and
-$D = 80$ is padded to 128 with masked loads. On a CPU the tiles are 32 x 32 (so these small inputs
-still cross several tiles); on a GPU the tuned table picks them.
-"""),
-("code", r"""
+# %% [markdown]
+# ## 4. Check your kernel
+#
+# `attention_with_lse` returns $O$ and the LSE; both are compared with the float64 reference. The
+# shapes are awkward on purpose: 17 and 100 rows are no multiple of a tile, $N_q \ne N_k$, and
+# $D = 80$ is padded to 128 with masked loads. On a CPU the tiles are 32 x 32 (so these small inputs
+# still cross several tiles); on a GPU the tuned table picks them.
+
+# %%
 dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
 for (B, H, nq, nk, d) in [(1, 2, 17, 17, 32), (1, 2, 100, 33, 32), (1, 3, 65, 65, 80)]:
     for dtype in dtypes:
@@ -164,16 +181,17 @@ for (B, H, nq, nk, d) in [(1, 2, 17, 17, 32), (1, 2, 100, 33, 32), (1, 3, 65, 65
                             is_causal=causal, grads=False)
             check_lse(lse, q, k, v, is_causal=causal)
     print(f"q {(B, H, nq, d)}, k {(B, H, nk, d)}: O and LSE match in {[str(t)[6:] for t in dtypes]}")
-"""),
-("md", r"""
-## 5. Which causal tiles run
 
-For the query tile starting at row `start_m`, the kernel splits the keys in two stages:
-`[0, hi_full)`, tiles that every row sees entirely (no mask at all), and `[hi_full, hi)`, the tiles
-the diagonal crosses (and the last partial tile), with a mask. Tiles past `hi` are never loaded.
-The same formulas as in the kernel, in Python:
-"""),
-("code", r"""
+
+# %% [markdown]
+# ## 5. Which causal tiles run
+#
+# For the query tile starting at row `start_m`, the kernel splits the keys in two stages:
+# `[0, hi_full)`, tiles that every row sees entirely (no mask at all), and `[hi_full, hi)`, the tiles
+# the diagonal crosses (and the last partial tile), with a mask. Tiles past `hi` are never loaded.
+# The same formulas as in the kernel, in Python:
+
+# %%
 def key_stages(start_m, n_k, BLOCK_M, BLOCK_N, causal):
     if causal:
         hi_full = (min(start_m, n_k) // BLOCK_N) * BLOCK_N
@@ -194,18 +212,18 @@ for start_m in range(0, N, BM):
 total = n_tiles * -(-N // BM)
 print(f"causal computes {full + masked} of {total} tiles ({(full + masked) / total:.0%}); "
       f"only {masked} need a mask")
-"""),
-("md", r"""
-## 6. Tile sizes, warps and stages (recorded on an H200)
 
-Four knobs, and no formula for them: `BLOCK_M` (query rows per program), `BLOCK_N` (keys per loop
-step), `num_warps` (threads per program / 32), `num_stages` (how many K/V tiles are loaded ahead,
-through `cp.async`, while the current one is computed). Registers bound the first two (the fp32
-accumulator is `BLOCK_M x D`, the scores `BLOCK_M x BLOCK_N`), shared memory bounds the stages.
-`python bench/triton_gpu.py --tune` timed every candidate on an H200; the winners are the table in
-`fwd_config`. On a GPU the next cell also times a few candidates live.
-"""),
-("code", r"""
+# %% [markdown]
+# ## 6. Tile sizes, warps and stages (recorded on an H200)
+#
+# Four knobs, and no formula for them: `BLOCK_M` (query rows per program), `BLOCK_N` (keys per loop
+# step), `num_warps` (threads per program / 32), `num_stages` (how many K/V tiles are loaded ahead,
+# through `cp.async`, while the current one is computed). Registers bound the first two (the fp32
+# accumulator is `BLOCK_M x D`, the scores `BLOCK_M x BLOCK_N`), shared memory bounds the stages.
+# `python bench/triton_gpu.py --tune` timed every candidate on an H200; the winners are the table in
+# `fwd_config`. On a GPU the next cell also times a few candidates live.
+
+# %%
 tuning = json.loads((RESULTS / "triton_gpu_tuning.json").read_text())
 rows = [r for r in tuning["rows"] if r["kind"] == "fwd" and r["N"] == 8192]
 fig, axes = plt.subplots(1, 2, figsize=(13, 4))
@@ -223,8 +241,8 @@ for ax, D in zip(axes, (64, 128)):
 fig.suptitle(f"{tuning['machine']['gpu']}, {tuning['machine']['date']}, triton {tuning['machine']['triton']}")
 plt.tight_layout()
 plt.show()
-"""),
-("code", r"""
+
+# %%
 if device == "cuda":
     from triton.testing import do_bench
     q, k, v = make_qkv(2, 32, 8192, 8192, 64, dtype=torch.bfloat16, device=device)
@@ -234,16 +252,16 @@ if device == "cuda":
         print(f"{cfg}: {ms:.3f} ms, {2 * 2 * 32 * 8192**2 * 64 / ms * 1e-9:.0f} TFLOP/s (causal)")
 else:
     print("no GPU: the recorded H200 sweep above is the one to read")
-"""),
-("md", r"""
-## 7. The recorded H200 figures
 
-bf16, FlashAttention's grid (16k tokens per batch: $B = 16384/N$, hidden 2048: $H = 2048/D$),
-forward only, TFLOP/s counted as FlashAttention counts them ($4BHN^2D$, halved when causal), with
-PyTorch's FLASH backend (FlashAttention-2) and cuDNN's backend timed in the same run
-(`results/h200/triton_gpu.json`, written by `bench/triton_gpu.py`).
-"""),
-("code", r"""
+# %% [markdown]
+# ## 7. The recorded H200 figures
+#
+# bf16, FlashAttention's grid (16k tokens per batch: $B = 16384/N$, hidden 2048: $H = 2048/D$),
+# forward only, TFLOP/s counted as FlashAttention counts them ($4BHN^2D$, halved when causal), with
+# PyTorch's FLASH backend (FlashAttention-2) and cuDNN's backend timed in the same run
+# (`results/h200/triton_gpu.json`, written by `bench/triton_gpu.py`).
+
+# %%
 data = json.loads((RESULTS / "triton_gpu.json").read_text())
 m = data["machine"]
 print(f"{m['gpu']}, torch {m['torch']}, triton {m['triton']}, {m['date']}\n")
@@ -268,21 +286,19 @@ for ax, (D, causal) in zip(axes, [(64, False), (64, True), (128, False), (128, T
 axes[0].legend()
 plt.tight_layout()
 plt.show()
-"""),
-("md", r"""
-The Triton kernel beats PyTorch's FlashAttention-2 backend at every length (1.29-1.45x from
-N = 2048): FlashAttention-2's CUDA code was written for the A100 and uses its `mma.sync`
-instructions, while Triton compiles `tl.dot` to Hopper's `wgmma` (check with `cuobjdump --dump-sass`:
-`HGMMA`). cuDNN's backend is faster still: it uses Hopper's bulk tensor copies (TMA) and warp
-specialization (some warps only load, others only compute), which this kernel does not.
 
-How much would TMA alone buy? `bench/triton_fwd_tma.py` loads Q, K and V through Triton's tensor
-descriptors (Hopper's TMA) in an otherwise identical kernel. On the H200
-(`results/h200/triton/README.md`): nothing at D = 64 (1.341 against 1.347 ms on the leaderboard
-shape, same tiles); at D = 128 it makes 128 x 128 tiles pay, 1.13-1.17x faster than this kernel's
-table. Turning on Triton's warp specialization as well returned NaN with three pipeline stages and
-ran slower with two: on Hopper, in Triton 3.6, that part is not ready for this kernel.
-
-**Next: step 06**, the backward pass as Triton kernels.
-"""),
-])
+# %% [markdown]
+# The Triton kernel beats PyTorch's FlashAttention-2 backend at every length (1.29-1.45x from
+# N = 2048): FlashAttention-2's CUDA code was written for the A100 and uses its `mma.sync`
+# instructions, while Triton compiles `tl.dot` to Hopper's `wgmma` (check with `cuobjdump --dump-sass`:
+# `HGMMA`). cuDNN's backend is faster still: it uses Hopper's bulk tensor copies (TMA) and warp
+# specialization (some warps only load, others only compute), which this kernel does not.
+#
+# How much would TMA alone buy? `bench/triton_fwd_tma.py` loads Q, K and V through Triton's tensor
+# descriptors (Hopper's TMA) in an otherwise identical kernel. On the H200
+# (`results/h200/triton/README.md`): nothing at D = 64 (1.341 against 1.347 ms on the leaderboard
+# shape, same tiles); at D = 128 it makes 128 x 128 tiles pay, 1.13-1.17x faster than this kernel's
+# table. Turning on Triton's warp specialization as well returned NaN with three pipeline stages and
+# ran slower with two: on Hopper, in Triton 3.6, that part is not ready for this kernel.
+#
+# **Next: step 06**, the backward pass as Triton kernels.

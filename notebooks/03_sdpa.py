@@ -1,24 +1,37 @@
-"""Writes 03_sdpa.ipynb (no outputs). Run: python notebooks/build_03.py"""
-from _nbwrite import write
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-write("03_sdpa.ipynb", [
-("md", r"""
-# Step 03 — `F.scaled_dot_product_attention` and its backends
+# %% [markdown]
+# # Step 03 — `F.scaled_dot_product_attention` and its backends
+#
+# One function, several implementations: FlashAttention-2 ("flash"), cuDNN ("cudnn"), memory-efficient
+# ("efficient") and the plain composite ("math"). PyTorch picks the first that accepts the inputs.
+#
+# In this notebook you will:
+# - call SDPA with an explicit backend (in `steps/step03_sdpa.py`);
+# - ask which backend runs, and read why the others refuse;
+# - time the backends against each other and against step 01.
 
-One function, several implementations: FlashAttention-2 ("flash"), cuDNN ("cudnn"), memory-efficient
-("efficient") and the plain composite ("math"). PyTorch picks the first that accepts the inputs.
-
-In this notebook you will:
-- call SDPA with an explicit backend (in `steps/step03_sdpa.py`);
-- ask which backend runs, and read why the others refuse;
-- time the backends against each other and against step 01.
-"""),
-("code", r"""
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
 import os
-IMPL = os.environ.get("ATTN_IMPL", "steps")     # "steps": your code; "solutions": the course's
+IMPL = os.environ.get("ATTN_IMPL", "steps")
 
-from attnlib.nb import setup, median_ms as nb_median_ms
+from attnlib.nb import setup
 load_step, device, small = setup(IMPL)
+from attnlib.nb import median_ms as nb_median_ms
 
 import torch
 import matplotlib.pyplot as plt
@@ -26,8 +39,8 @@ from attnlib import make_qkv
 from attnlib.checks import check_attention
 step01, step03 = load_step(1), load_step(3)
 BACKENDS = ["flash", "cudnn", "efficient", "math"]
-"""),
-("code", r"""
+
+# %%
 dtypes = [torch.float32] if device == "cpu" else [torch.float32, torch.float16, torch.bfloat16]
 for dtype in dtypes:
     q, k, v = make_qkv(2, 4, 128, 128, 64, dtype=dtype, device=device)
@@ -40,15 +53,15 @@ for dtype in dtypes:
             check_attention(lambda q, k, v, is_causal, scale: step03.attention(q, k, v, is_causal, scale, backend=b),
                             q, k, v, is_causal=True)
             print(f"   {b:9} accepts, and matches the reference")
-"""),
-("md", r"""
-Typical refusals on a GPU: flash needs fp16 or bf16 (fp32 goes to "efficient" or "math"), a head dim
-that is a multiple of 8 and at most 256; cuDNN needs a recent GPU and its own shape rules; any
-backend but "math" refuses some attention masks. On a CPU only "math" and a CPU "flash" exist.
 
-## Time against N
-"""),
-("code", r"""
+# %% [markdown]
+# Typical refusals on a GPU: flash needs fp16 or bf16 (fp32 goes to "efficient" or "math"), a head dim
+# that is a multiple of 8 and at most 256; cuDNN needs a recent GPU and its own shape rules; any
+# backend but "math" refuses some attention masks. On a CPU only "math" and a CPU "flash" exist.
+#
+# ## Time against N
+
+# %%
 import time
 def median_ms(f, reps=5):
     return nb_median_ms(f, device, reps)
@@ -70,9 +83,7 @@ plt.xscale("log", base=2); plt.yscale("log"); plt.xlabel("N"); plt.ylabel("ms (f
 plt.legend(); plt.tight_layout(); plt.show()
 for name, ts in rows.items():
     print(f"{name:16}", "  ".join(f"{t:8.2f}" for t in ts))
-"""),
-("md", r"""
-The fused backends never write the N × N matrix, so they also reach lengths where step 01 runs out of
-memory. Step 04 builds the algorithm behind "flash" yourself, in plain PyTorch, to see how.
-"""),
-])
+
+# %% [markdown]
+# The fused backends never write the N × N matrix, so they also reach lengths where step 01 runs out of
+# memory. Step 04 builds the algorithm behind "flash" yourself, in plain PyTorch, to see how.

@@ -1,28 +1,39 @@
-"""Writes 04_flash_torch.ipynb (no outputs). Run: python notebooks/build_04.py"""
-from _nbwrite import write
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-write("04_flash_torch.ipynb", [
-("md", r"""
-# Step 04 — FlashAttention-2 in pure PyTorch
+# %% [markdown]
+# # Step 04 — FlashAttention-2 in pure PyTorch
+#
+# Steps 01–03 computed attention with the full $N_q \times N_k$ score matrix in memory (or handed the
+# job to PyTorch's fused kernels). This step computes the same function **one tile at a time**, in plain
+# PyTorch, so every intermediate can be printed:
+#
+# - the forward walks over key tiles, keeping for each query row a running max $m$, a running sum $\ell$
+#   and an output accumulator, rescaled whenever the max grows (the *online softmax*);
+# - it saves only $Q, K, V, O$ and one number per row, $L = m + \log \ell$;
+# - the backward rebuilds every probability from $L$, tile by tile.
+#
+# In this notebook you will:
+# 1. work the online-softmax identity by hand on eight numbers, against `torch.softmax`;
+# 2. check your `steps/step04_flash_torch.py` against the float64 reference;
+# 3. see which causal tiles are skipped, and count the FLOPs saved;
+# 4. measure peak memory and time against $N$, naive against tiled;
+# 5. work out why the backward recomputes $P$ instead of storing it.
 
-Steps 01–03 computed attention with the full $N_q \times N_k$ score matrix in memory (or handed the
-job to PyTorch's fused kernels). This step computes the same function **one tile at a time**, in plain
-PyTorch, so every intermediate can be printed:
-
-- the forward walks over key tiles, keeping for each query row a running max $m$, a running sum $\ell$
-  and an output accumulator, rescaled whenever the max grows (the *online softmax*);
-- it saves only $Q, K, V, O$ and one number per row, $L = m + \log \ell$;
-- the backward rebuilds every probability from $L$, tile by tile.
-
-In this notebook you will:
-1. work the online-softmax identity by hand on eight numbers, against `torch.softmax`;
-2. check your `steps/step04_flash_torch.py` against the float64 reference;
-3. see which causal tiles are skipped, and count the FLOPs saved;
-4. measure peak memory and time against $N$, naive against tiled;
-5. work out why the backward recomputes $P$ instead of storing it.
-"""),
-("code", r"""
-# The one switch: ATTN_IMPL=steps (default) runs your code, ATTN_IMPL=solutions the course's.
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
 import os
 IMPL = os.environ.get("ATTN_IMPL", "steps")
 
@@ -37,21 +48,21 @@ from attnlib.checks import check_attention, check_lse
 step01 = load_step(1)
 step04 = load_step(4)
 torch.backends.cuda.matmul.allow_tf32 = False     # fp32 means fp32 in the checks below
-"""),
-("md", r"""
-## 1. The online softmax, by hand
 
-Softmax needs the row's maximum (for stability) and the row's sum before it can write one
-probability. The online version reads the row in blocks and keeps two numbers: the max $m$ seen
-so far and $\ell = \sum_j e^{s_j - m}$ over the scores seen so far. When a block raises the max from
-$m$ to $m'$, every term already in $\ell$ was computed against the old max and is too large by
-$e^{m' - m}$, so
+# %% [markdown]
+# ## 1. The online softmax, by hand
+#
+# Softmax needs the row's maximum (for stability) and the row's sum before it can write one
+# probability. The online version reads the row in blocks and keeps two numbers: the max $m$ seen
+# so far and $\ell = \sum_j e^{s_j - m}$ over the scores seen so far. When a block raises the max from
+# $m$ to $m'$, every term already in $\ell$ was computed against the old max and is too large by
+# $e^{m' - m}$, so
+#
+# $$\ell' = e^{m - m'}\,\ell + \sum_{j \in \text{block}} e^{s_j - m'} .$$
+#
+# Eight scores, in blocks of three (the last block is partial on purpose):
 
-$$\ell' = e^{m - m'}\,\ell + \sum_{j \in \text{block}} e^{s_j - m'} .$$
-
-Eight scores, in blocks of three (the last block is partial on purpose):
-"""),
-("code", r"""
+# %%
 s = torch.tensor([0.5, -1.0, 2.0, 0.0, 3.5, 1.0, -2.0, 3.0])
 blocks = s.split(3)
 m, l = torch.tensor(-math.inf), torch.tensor(0.0)
@@ -67,15 +78,15 @@ print(f"\nm = {m.item()} = max(s); l = {l.item():.6f} = sum(exp(s - max)) = {tor
 online = torch.exp(s - m) / l
 print("max |online - torch.softmax| =", (online - torch.softmax(s, 0)).abs().max().item())
 print(f"L = m + log(l) = {(m + torch.log(l)).item():.6f}; torch.logsumexp = {torch.logsumexp(s, 0).item():.6f}")
-"""),
-("md", r"""
-Attention needs more than the probabilities: it needs $\sum_j p_j v_j$. The same rescaling applies to
-an accumulator $a = \sum_j e^{s_j - m} v_j$, and the output is $a / \ell$ at the end. Here are the same
-eight scores with a value vector per key, folded block by block with **your**
-`online_softmax_update` and `finalize` (the functions in `steps/step04_flash_torch.py`), against
-`torch.softmax(s) @ v`. Then the same fold without the rescale, to see what the rescale is for.
-"""),
-("code", r"""
+
+# %% [markdown]
+# Attention needs more than the probabilities: it needs $\sum_j p_j v_j$. The same rescaling applies to
+# an accumulator $a = \sum_j e^{s_j - m} v_j$, and the output is $a / \ell$ at the end. Here are the same
+# eight scores with a value vector per key, folded block by block with **your**
+# `online_softmax_update` and `finalize` (the functions in `steps/step04_flash_torch.py`), against
+# `torch.softmax(s) @ v`. Then the same fold without the rescale, to see what the rescale is for.
+
+# %%
 v = torch.arange(16, dtype=torch.float32).reshape(8, 2)          # 8 keys, D = 2
 m, l, acc = torch.full((1,), -math.inf), torch.zeros(1), torch.zeros(1, 2)
 for sb, vb in zip(s.split(3), v.split(3)):
@@ -93,15 +104,15 @@ for sb, vb in zip(s.split(3), v.split(3)):
     acc = acc + p @ vb                                           # <- no exp(m - m_new)
     m = m_new
 print("no rescale of acc:", (acc / l).tolist(), " (wrong: the first block weighs e^1.5 too much)")
-"""),
-("md", r"""
-## 2. Your implementation, checked
 
-`attention` processes all query tiles together and loops over key tiles only (the one loop the
-online softmax needs); `attention_loops` is the double loop, one $B_q \times B_k$ tile at a time, as one
-GPU program would. Both share your tile functions. Tile sizes that divide nothing, on purpose.
-"""),
-("code", r"""
+# %% [markdown]
+# ## 2. Your implementation, checked
+#
+# `attention` processes all query tiles together and loops over key tiles only (the one loop the
+# online softmax needs); `attention_loops` is the double loop, one $B_q \times B_k$ tile at a time, as one
+# GPU program would. Both share your tile functions. Tile sizes that divide nothing, on purpose.
+
+# %%
 from functools import partial
 for nq, nk in [(17, 17), (100, 33), (33, 100), (1, 1)]:
     q, k, v = make_qkv(2, 3, nq, nk, 32)
@@ -111,17 +122,17 @@ for nq, nk in [(17, 17), (100, 33), (33, 100), (1, 1)]:
         _, lse = step04.attention_with_lse(q, k, v, is_causal=causal, block_q=16, block_k=8)
         check_lse(lse, q, k, v, is_causal=causal)
 print("O, LSE, dQ, dK, dV match the float64 reference, both versions, causal and not")
-"""),
-("md", r"""
-## 3. Causal: skip whole tiles, mask only the diagonal
 
-Query $i$ sees key $j$ only if $j \le i$. A tile whose every key comes after every query is all
-$-\infty$: it is **skipped**, not masked. A tile whose every key comes before every query needs no
-mask. Only the tiles the diagonal crosses build a small mask. The map below is
-`step04.causal_tile` for $N = 200$ and tiles of 32 (`.` skipped, `M` masked, `#` full; rows are
-query tiles, columns key tiles).
-"""),
-("code", r"""
+# %% [markdown]
+# ## 3. Causal: skip whole tiles, mask only the diagonal
+#
+# Query $i$ sees key $j$ only if $j \le i$. A tile whose every key comes after every query is all
+# $-\infty$: it is **skipped**, not masked. A tile whose every key comes before every query needs no
+# mask. Only the tiles the diagonal crosses build a small mask. The map below is
+# `step04.causal_tile` for $N = 200$ and tiles of 32 (`.` skipped, `M` masked, `#` full; rows are
+# query tiles, columns key tiles).
+
+# %%
 N, B = 200, 32
 starts = range(0, N, B)
 print("      keys " + "".join(f"{k0:>4}" for k0 in starts))
@@ -139,20 +150,20 @@ f = {c: matmul_flops(lambda: step04.attention(q, k, v, is_causal=c, block_q=32, 
      for c in (False, True)}
 print(f"\ncausal / full matmul FLOPs, forward + backward, N=256, tiles of 32: {f[True] / f[False]:.3f} "
       f"(T = 8 tiles a side: (T+1)/2T = {9 / 16:.3f})")
-"""),
-("md", r"""
-## 4. Peak memory and time against N
 
-How memory is measured: on a GPU, the allocator's peak (`torch.cuda.max_memory_allocated`) minus
-what was allocated before the call. On a CPU there is no such counter, so we watch every operation
-with a `TorchDispatchMode`: each new storage adds its bytes, and a finalizer subtracts them when the
-storage is freed. The peak of that running total is the CPU's peak of live intermediates; the inputs
-are not counted. Forward and backward are measured together (`out.backward(dO)`).
+# %% [markdown]
+# ## 4. Peak memory and time against N
+#
+# How memory is measured: on a GPU, the allocator's peak (`torch.cuda.max_memory_allocated`) minus
+# what was allocated before the call. On a CPU there is no such counter, so we watch every operation
+# with a `TorchDispatchMode`: each new storage adds its bytes, and a finalizer subtracts them when the
+# storage is freed. The peak of that running total is the CPU's peak of live intermediates; the inputs
+# are not counted. Forward and backward are measured together (`out.backward(dO)`).
+#
+# Time: on a GPU, the median of `triton.testing.do_bench`; on a CPU, the fastest of a few runs, because
+# a shared CPU adds noise that only ever makes a run slower. Trust the GPU numbers for speed.
 
-Time: on a GPU, the median of `triton.testing.do_bench`; on a CPU, the fastest of a few runs, because
-a shared CPU adds noise that only ever makes a run slower. Trust the GPU numbers for speed.
-"""),
-("code", r"""
+# %%
 from attnlib.memory import LiveBytes          # counts live storages under a TorchDispatchMode
 
 def fwd_bwd(fn, q, k, v, do):
@@ -193,8 +204,8 @@ for N in Ns:
         mem[name].append(peak_bytes(fn, q, k, v, do) / 2**20)
         ms[name].append(time_ms(fn, q, k, v, do))
     print(f"N={N:6d}  " + "   ".join(f"{n}: {mem[n][-1]:8.1f} MiB {ms[n][-1]:8.1f} ms" for n in impls))
-"""),
-("code", r"""
+
+# %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
 for name in impls:
     a1.plot(Ns, mem[name], "o-", label=name)
@@ -206,29 +217,29 @@ fig.suptitle(f"B=1, H={H}, D={D}, {str(dtype).replace('torch.', '')}, causal, {d
 plt.tight_layout(); plt.show()
 r = mem["naive (step 01)"][-1] / mem["step 04, Bk=64"][-1]
 print(f"at N={Ns[-1]}: naive needs {r:.0f}x the memory of step 04")
-"""),
-("md", r"""
-Read the two panels separately.
 
-- **Memory**: the naive line climbs with slope 2 on this log-log plot (quadratic); step 04's climbs with
-  slope 1: its largest intermediates are $N_q \times B_k$ strips, so doubling $N$ doubles them.
-- **Time**: do not read more into it than it says. Step 04 does at most the naive FLOPs in the
-  forward (half, causal: it skips the tiles above the diagonal, while step 01 computes them and masks
-  them) and more in the backward (it recomputes $S$), in many small operations launched from a Python
-  loop. On a CPU the cache-sized strips can win at large $N$; on a GPU a few large cuBLAS calls are hard
-  to beat from Python. Either way every operation of the loop still writes its strip to memory and
-  reads it back: keeping a tile on chip from the first matrix product to the last is what the Triton
-  and CUDA kernels of steps 05–07 add. `bench/step04_figures.py` measures both versions, compiled and
-  not, on a GPU.
-"""),
-("md", r"""
-### Recorded on an H200
+# %% [markdown]
+# Read the two panels separately.
+#
+# - **Memory**: the naive line climbs with slope 2 on this log-log plot (quadratic); step 04's climbs with
+#   slope 1: its largest intermediates are $N_q \times B_k$ strips, so doubling $N$ doubles them.
+# - **Time**: do not read more into it than it says. Step 04 does at most the naive FLOPs in the
+#   forward (half, causal: it skips the tiles above the diagonal, while step 01 computes them and masks
+#   them) and more in the backward (it recomputes $S$), in many small operations launched from a Python
+#   loop. On a CPU the cache-sized strips can win at large $N$; on a GPU a few large cuBLAS calls are hard
+#   to beat from Python. Either way every operation of the loop still writes its strip to memory and
+#   reads it back: keeping a tile on chip from the first matrix product to the last is what the Triton
+#   and CUDA kernels of steps 05–07 add. `bench/step04_figures.py` measures both versions, compiled and
+#   not, on a GPU.
 
-The same comparison at the issue's sizes (B=1, H=16, D=64, causal, N = 1k, 4k, 16k, fp32 and bf16,
-with the compiled versions), run by `bench/step04_figures.py` on an H200 and committed in
-`results/h200/step04/`. Memory is what each call needs on top of its inputs.
-"""),
-("code", r"""
+# %% [markdown]
+# ### Recorded on an H200
+#
+# The same comparison at the issue's sizes (B=1, H=16, D=64, causal, N = 1k, 4k, 16k, fp32 and bf16,
+# with the compiled versions), run by `bench/step04_figures.py` on an H200 and committed in
+# `results/h200/step04/`. Memory is what each call needs on top of its inputs.
+
+# %%
 import json
 from IPython.display import Image, display
 from attnlib.nb import REPO
@@ -242,25 +253,26 @@ for r in rec["rows"]:
         mib = f"{r['peak_mib']:9.0f}" if r["peak_mib"] else f"{'-':>9s}"
         print(f"{r['impl']:16s} {r['mode']:8s} {r['dtype']:9s} {r['N']:6d} {ms} {mib}  {'' if r['status'] == 'ok' else r['status']}")
 display(Image(filename=str(fig_dir / "step04_figures.png"), width=900))
-"""),
-("md", r"""
-At N = 16k step 04 needs 23-73x less memory than naive attention (more in fp32, whose naive
-score matrices are twice as large), and its peak grows 16x from N = 1k to 16k: linear. It is not
-faster: at 16k it beats naive only in the fp32 forward (59 against 69 ms) and takes 1.2-2.7x
-naive's time elsewhere, since a Python loop of PyTorch calls cannot keep a tile on chip. Compiling
-its strip steps trims the forward + backward by 18% (206 to 169 ms) and its peak by 17-37%;
-compiling the naive version fuses the softmax and halves its time and memory, which stays
-quadratic.
-"""),
-("md", r"""
-## 5. Why the backward recomputes P instead of storing it
 
-The backward needs $P$ to form $dV = P^\top dO$ and $dS = P \circ (dP - D)$. Storing it costs one
-$N \times N$ matrix per head; recomputing it costs one more matrix product $QK^\top$ and an `exp`,
-from $Q$, $K$ and the saved $L$. First, what autograd actually keeps, counted with a
-`saved_tensors_hooks` that adds up the bytes of everything saved for the backward:
-"""),
-("code", r"""
+
+# %% [markdown]
+# At N = 16k step 04 needs 23-73x less memory than naive attention (more in fp32, whose naive
+# score matrices are twice as large), and its peak grows 16x from N = 1k to 16k: linear. It is not
+# faster: at 16k it beats naive only in the fp32 forward (59 against 69 ms) and takes 1.2-2.7x
+# naive's time elsewhere, since a Python loop of PyTorch calls cannot keep a tile on chip. Compiling
+# its strip steps trims the forward + backward by 18% (206 to 169 ms) and its peak by 17-37%;
+# compiling the naive version fuses the softmax and halves its time and memory, which stays
+# quadratic.
+
+# %% [markdown]
+# ## 5. Why the backward recomputes P instead of storing it
+#
+# The backward needs $P$ to form $dV = P^\top dO$ and $dS = P \circ (dP - D)$. Storing it costs one
+# $N \times N$ matrix per head; recomputing it costs one more matrix product $QK^\top$ and an `exp`,
+# from $Q$, $K$ and the saved $L$. First, what autograd actually keeps, counted with a
+# `saved_tensors_hooks` that adds up the bytes of everything saved for the backward:
+
+# %%
 def saved_bytes(fn, q, k, v):
     seen = {}                                      # one entry per storage: P is saved by two ops
     def pack(t):
@@ -274,13 +286,13 @@ q, k, v = make_qkv(1, 4, N, N, 64, requires_grad=True)
 print(f"saved for the backward at B=1, H=4, N={N}, D=64, fp32:")
 print(f"  naive : {saved_bytes(step01.attention, q, k, v) / 2**20:7.2f} MiB  (P: {4 * N * N * 4 / 2**20:.0f} MiB, the N x N mask, Q, K, V)")
 print(f"  step04: {saved_bytes(step04.attention, q, k, v) / 2**20:7.2f} MiB  (Q, K, V, O and L)")
-"""),
-("md", r"""
-Now the arithmetic at the size the course benchmarks, $B=1$, $H=16$, $N=16384$, $D=64$, in bf16 on an
-H200 (about 4.8 TB/s of HBM bandwidth and about 990 dense bf16 TFLOP/s; round numbers from the data
-sheet, not measured here):
-"""),
-("code", r"""
+
+# %% [markdown]
+# Now the arithmetic at the size the course benchmarks, $B=1$, $H=16$, $N=16384$, $D=64$, in bf16 on an
+# H200 (about 4.8 TB/s of HBM bandwidth and about 990 dense bf16 TFLOP/s; round numbers from the data
+# sheet, not measured here):
+
+# %%
 B, H, N, D, bytes_per = 1, 16, 16384, 64, 2
 hbm, tflops = 4.8e12, 990e12
 P_bytes = B * H * N * N * bytes_per
@@ -292,17 +304,17 @@ print(f"store L : {L_bytes / 2**20:6.2f} MiB")
 print(f"recompute S = QK^T: {recompute_flops / 1e12:.2f} TFLOP = {recompute_flops / tflops * 1e3:.2f} ms at peak; "
       f"backward FLOPs go from 2.0x to 2.5x the forward's")
 print(f"memory ratio P / L = {P_bytes / L_bytes:,.0f} (= N * bytes_per / 4)")
-"""),
-("md", r"""
-Recomputing costs about 25% more backward arithmetic and saves 8 GiB per layer, and on a GPU it is
-not even slower: moving $P$ through HBM twice takes longer than recomputing it from tiles that are
-already on chip. The one extra thing the forward must keep is $L$, one float per row.
 
-The last piece of the backward, $D_i = \sum_j P_{ij}\, dP_{ij}$, needs no $P$ either: since
-$O = PV$ and $dP = dO\,V^\top$, it equals $\sum_d dO_{id}\, O_{id}$ — one row-wise dot product of two
-$N \times D$ matrices, which is what your `delta` computes:
-"""),
-("code", r"""
+# %% [markdown]
+# Recomputing costs about 25% more backward arithmetic and saves 8 GiB per layer, and on a GPU it is
+# not even slower: moving $P$ through HBM twice takes longer than recomputing it from tiles that are
+# already on chip. The one extra thing the forward must keep is $L$, one float per row.
+#
+# The last piece of the backward, $D_i = \sum_j P_{ij}\, dP_{ij}$, needs no $P$ either: since
+# $O = PV$ and $dP = dO\,V^\top$, it equals $\sum_d dO_{id}\, O_{id}$ — one row-wise dot product of two
+# $N \times D$ matrices, which is what your `delta` computes:
+
+# %%
 q, k, v = make_qkv(1, 2, 50, 40, 16, dtype=torch.float64)
 o, L = reference_attention(q, k, v)
 do = make_dout(o)
@@ -310,5 +322,3 @@ P = torch.exp(q @ k.transpose(-2, -1) / 4 - L[..., None])             # scale = 
 dP = do @ v.transpose(-2, -1)
 print("max |rowsum(P * dP) - delta(O, dO)| =", ((P * dP).sum(-1) - step04.delta(o, do)).abs().max().item(),
       "(delta works in float32)")
-"""),
-])
