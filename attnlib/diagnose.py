@@ -10,6 +10,7 @@ knows the tile.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -59,6 +60,33 @@ def flash_sim(q, k, v, scale, is_causal, bk, *, rescale_acc=True, rescale_l=True
         m = m_new
     o = acc / l[..., None] if normalize else acc
     return o, m + torch.log(l)
+
+
+LN2 = math.log(2)
+
+
+def lse_bugs(s):
+    """``(description, wrong LSE)`` for the classic LSE mistakes, from float64 scores ``s``.
+
+    The right LSE is ``m + log(l)``: m the row's max score, l = sum_j exp(s_j - m). A Triton kernel
+    works in base 2 (m2 = m / ln 2, the same l) and must store ``(m2 + log2(l)) * ln 2``.
+    """
+    m = s.amax(dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    log_l = lse - m
+    return [
+        ("the LSE is the running max m only: + log(l) is missing (LSE = m + log(l))", m),
+        ("the LSE is log(l) only: the running max m is missing (LSE = m + log(l))", log_l),
+        ("the LSE is in base 2 (m2 + log2(l)): convert it with * ln(2) before storing", lse / LN2),
+        ("the LSE is log2(l) only: the running max is missing, and the base-2 log is not converted "
+         "(LSE = (m2 + log2(l)) * ln 2)", log_l / LN2),
+        ("the LSE is the base-2 running max m2 only: + log2(l) is missing, and * ln(2) "
+         "(LSE = (m2 + log2(l)) * ln 2)", m / LN2),
+        ("the LSE mixes bases: m + log2(l); both terms must be natural ((m2 + log2(l)) * ln 2)",
+         m + log_l / LN2),
+        ("the LSE mixes bases: the base-2 max m2 + a natural log(l); convert the sum, "
+         "(m2 + log2(l)) * ln 2", m / LN2 + log_l),
+    ]
 
 
 def _grads_from_p(p, q, k, v, do, o, scale, use_D=True):
@@ -127,12 +155,8 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
                 flash_sim(q, k, v, scale, is_causal, nk, normalize=False)[0]
         else:
             s = _scores(q, k, scale, causal_mask(nq, nk) if is_causal else None)
-            m = s.amax(dim=-1)
-            yield "the LSE is the running max m only: + log(l) is missing", m
-            lse = torch.logsumexp(s, dim=-1)
-            yield "the LSE is in base 2 (log2-sum-exp2): convert with * ln(2) before storing", \
-                lse / math.log(2)
-            yield "the LSE is log(l) only: + m is missing", lse - m
+            for desc, wrong in lse_bugs(s):
+                yield desc, wrong
         return
 
     do = _f64(dout)[0]
@@ -169,6 +193,13 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
             part = (scale * (ds * keep).transpose(-2, -1) @ q) if quantity == "dk" else (p * keep).transpose(-2, -1) @ do
             yield (f"{quantity} is overwritten instead of accumulated across query tiles: only the last "
                    f"query tile's share survives (Bq={b})"), part
+    # The backward rebuilds P = exp(S - L) from the forward's LSE: a wrong LSE makes every
+    # gradient wrong while O is right. Name the LSE, the error's source, not the backward.
+    for desc, wrong in lse_bugs(s):
+        p_bug = torch.exp(s - wrong[..., None])
+        yield (f"the backward rebuilt P = exp(S - LSE) from a wrong LSE: {desc}. "
+               "The LSE is wrong; fix it (the forward's epilogue) before the backward"), \
+            _grads_from_p(p_bug, q, k, v, do, o, scale)[idx]
     if is_causal:
         p_unmasked = torch.exp(_scores(q, k, scale, None) - lse[..., None])
         yield "the causal mask is missing when P is recomputed in the backward", \
@@ -193,6 +224,25 @@ def _distance(a, b):
     return d.max().item() / max(s, 1e-30)
 
 
+_TILE = re.compile(r"B([kq])=(\d+)")
+
+
+def _name_tiles(best, scored, tile):
+    """The best description; when the tile size was guessed, every tried size that fits as well."""
+    d, desc = best
+    m = _TILE.search(desc)
+    if tile or not m:
+        return desc
+    key = _TILE.sub("B?", desc)
+    sizes = sorted({int(_TILE.search(x).group(2)) for dx, x in scored
+                    if _TILE.search(x) and _TILE.sub("B?", x) == key and dx <= 2 * d + 1e-12})
+    if len(sizes) <= 1:
+        return desc.replace(m.group(0), f"B{m.group(1)}={sizes[0] if sizes else m.group(2)}, "
+                                        "the size that reproduces it; check it is yours")
+    alts = " or ".join(str(x) for x in sizes)
+    return desc.replace(m.group(0), f"B{m.group(1)}={alts}: each reproduces it; yours is one of them")
+
+
 def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=None,
                row_dim=-2):
     """Return a sentence naming the likely mistake behind a wrong ``quantity``, or None.
@@ -208,21 +258,21 @@ def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=N
         ref = dict(zip(("dq", "dk", "dv"),
                        reference_backward(*_f64(q, k, v), _f64(dout)[0], is_causal, scale)))[quantity]
     d_true = _distance(actual, ref)
-    best = None
+    scored = []
     for desc, cand in candidates(quantity, q, k, v, is_causal=is_causal, scale=scale,
                                  dout=dout, tiles=tiles):
         if cand.shape != actual.shape:
             continue
         if not (torch.isfinite(cand) & (cand != 0)).any():
             continue                      # an all-zero candidate would match any zeroed output
-        d = _distance(actual, cand)
-        if best is None or d < best[0]:
-            best = (d, desc)
+        scored.append((_distance(actual, cand), desc))
+    best = min(scored, key=lambda t: t[0]) if scored else None
     if best is not None and best[0] < 0.1 * d_true and best[0] < 5e-2:
-        return f"{best[1]} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
+        return f"{_name_tiles(best, scored, tile)} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
 
-    # Errors confined to the last partial query tile point at its boundary mask.
-    if quantity in ("o", "lse", "dq"):
+    # Errors confined to the last partial query tile point at its boundary mask. Only with the
+    # caller's tile: a guessed tile size would send the student after a boundary they do not have.
+    if quantity in ("o", "lse", "dq") and tile:
         n = actual.shape[row_dim]
         bad = ((actual - ref).abs() > 1e-3 * max(ref.abs().max().item(), 1e-30)) | torch.isnan(actual)
         other = [d for d in range(actual.dim()) if d != actual.dim() + row_dim]

@@ -168,3 +168,81 @@ def test_live_bytes_sees_the_score_matrix_and_its_release():
     assert w.largest == 2 * 256 * 256 * 4
     assert w.peak >= 2 * w.largest                   # S and softmax(S) alive together
     assert w.live == o.untyped_storage().nbytes()    # only O is still alive
+
+
+# ---------------------------------------------------------------------------
+# Diagnosis order: forward, then the LSE, then the backward
+# ---------------------------------------------------------------------------
+
+def _scores64(q, k, scale, is_causal):
+    s = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril().logical_not(), -math.inf)
+    return s
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_diagnosis_names_every_lse_bug(is_causal):
+    from attnlib.diagnose import lse_bugs
+    q, k, v = make_qkv(1, 2, 37, 45, 16, dtype=torch.float64)
+    s = _scores64(q, k, 0.25, is_causal)
+    bugs = lse_bugs(s)
+    assert len({d for d, _ in bugs}) == len(bugs) >= 7
+    for desc, wrong in bugs:
+        hint = likely_bug("lse", wrong.float(), q, k, v, is_causal=is_causal, scale=0.25, row_dim=-1)
+        assert hint is not None and hint.startswith(desc), f"{desc!r} was diagnosed as {hint!r}"
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("which", ["dq", "dk", "dv"])
+def test_backward_from_a_wrong_lse_blames_the_lse(which, is_causal):
+    """O is right, the LSE is not: the backward's gradients are wrong, and the hint says the LSE."""
+    from attnlib.diagnose import _grads_from_p, lse_bugs
+    q, k, v = make_qkv(1, 2, 40, 40, 16, dtype=torch.float64)
+    do = make_dout(q)
+    s = _scores64(q, k, 0.25, is_causal)
+    o = torch.softmax(s, -1) @ v
+    for desc, wrong in lse_bugs(s):
+        grads = _grads_from_p(torch.exp(s - wrong[..., None]), q, k, v, do, o, 0.25)
+        g = grads[("dq", "dk", "dv").index(which)]
+        hint = likely_bug(which, g.float(), q, k, v, is_causal=is_causal, scale=0.25, dout=do)
+        assert hint is not None and "The LSE is wrong; fix it" in hint and desc in hint, (desc, hint)
+
+
+def test_relative_error_is_never_nan():
+    """A reference that is 0 everywhere (dK with one key) has no relative error to print."""
+    ref = torch.zeros(2, 5, 8, dtype=torch.float64)
+    with pytest.raises(CompareError) as e:
+        assert_close(torch.ones(2, 5, 8), ref, name="dK")
+    assert "nan" not in str(e.value).lower() and "no relative error" in str(e.value)
+    assert e.value.stats.max_rel is None
+    ref = torch.randn(2, 5, 8, dtype=torch.float64)
+    ref[0, 0, 0] = 0.0
+    bad = ref.float() + 1.0
+    with pytest.raises(CompareError) as e:
+        assert_close(bad, ref)
+    assert "nan" not in str(e.value).lower() and "inf" not in str(e.value).lower()
+
+
+def test_tile_in_a_hint_is_the_one_that_reproduces_the_bug():
+    """With the tile unknown, the hint names the size whose simulation matches, never the first one tried."""
+    q, k, v = make_qkv(1, 2, 100, 100, 16, dtype=torch.float64)
+    out = flash_sim(q, k, v, 0.25, False, 32, rescale_acc=False)[0]
+    hint = likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25)
+    assert "not rescaled" in hint and "Bk=32" in hint and "16" not in hint, hint
+    # Nk = 40: dropping keys 32-39 is what Bk=16 and Bk=32 both do; the hint must not pick 16 for
+    # a kernel with 32-wide tiles, so it names both.
+    q, k, v = make_qkv(1, 2, 30, 40, 16, dtype=torch.float64)
+    out = flash_sim(q, k, v, 0.25, False, 32, drop_partial_k=True)[0]
+    hint = likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25)
+    assert "partial key tile" in hint and "Bk=16 or 32" in hint, hint
+
+
+def test_no_partial_tile_guess_without_the_tile():
+    """Errors only in rows 64-99 of 100 are reported as rows, not blamed on a guessed 64-row tile."""
+    q, k, v = make_qkv(1, 2, 100, 100, 16, dtype=torch.float64)
+    out = reference_attention(q, k, v, False, 0.25)[0].clone()
+    out[..., 64:, :] += 0.5 * torch.randn(out[..., 64:, :].shape, dtype=out.dtype)
+    assert likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25) is None
+    hint = likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25, tile=64)
+    assert hint and "rows 64-99" in hint
