@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parent.parent
 SWITCH = """\
 # The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
 import os
-import sys
 IMPL = os.environ.get("ATTN_IMPL", "steps")
 
 from attnlib.nb import setup
