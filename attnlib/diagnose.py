@@ -237,8 +237,7 @@ def _name_tiles(best, scored, tile):
     sizes = sorted({int(_TILE.search(x).group(2)) for dx, x in scored
                     if _TILE.search(x) and _TILE.sub("B?", x) == key and dx <= 2 * d + 1e-12})
     if len(sizes) <= 1:
-        return desc.replace(m.group(0), f"B{m.group(1)}={sizes[0] if sizes else m.group(2)}, "
-                                        "the size that reproduces it; check it is yours")
+        return desc                  # the one size whose simulation reproduces the result
     alts = " or ".join(str(x) for x in sizes)
     return desc.replace(m.group(0), f"B{m.group(1)}={alts}: each reproduces it; yours is one of them")
 
