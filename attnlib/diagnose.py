@@ -75,9 +75,9 @@ def lse_bugs(s):
     lse = torch.logsumexp(s, dim=-1)
     log_l = lse - m
     return [
-        ("the LSE is the running max m only: + log(l) is missing (LSE = m + log(l))", m),
-        ("the LSE is log(l) only: the running max m is missing (LSE = m + log(l))", log_l),
-        ("the LSE is in base 2 (m2 + log2(l)): convert it with * ln(2) before storing", lse / LN2),
+        ("the LSE is the running max m only: + log(l) is missing", m),
+        ("the LSE is log(l) only: + m is missing", log_l),
+        ("the LSE is in base 2 (log2-sum-exp2): convert with * ln(2) before storing", lse / LN2),
         ("the LSE is log2(l) only: the running max is missing, and the base-2 log is not converted "
          "(LSE = (m2 + log2(l)) * ln 2)", log_l / LN2),
         ("the LSE is the base-2 running max m2 only: + log2(l) is missing, and * ln(2) "
