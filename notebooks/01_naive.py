@@ -128,3 +128,28 @@ print(prof.key_averages().table(sort_by=key, row_limit=10))
 # softmax, the mask and the copies each take a full pass over an N × N tensor. Those passes are pure
 # memory traffic, and they are what the next steps remove: step 02 fuses some of them, step 03 and
 # FlashAttention (step 04 onwards) never write the N × N matrix at all.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - A. Vaswani et al., *Attention Is All You Need*, 2017, [arXiv:1706.03762](https://arxiv.org/abs/1706.03762):
+#   the formula at the top of this notebook.
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. How many bytes does the score matrix $S$ take for $B = 8$, $H = 16$, $N = 4096$ in bf16?
+# 2. `torch.softmax` subtracts each row's max before the exponential. In fp16, what would $e^{12}$
+#    be without it, and why does the subtraction not change the result?
+# 3. With `is_causal=True` and $N_q > N_k$ (the mask aligned top-left), which query rows see every key?

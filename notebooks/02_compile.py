@@ -119,3 +119,26 @@ for dynamic in (False, True):
 # With static shapes every new N pays a compile (seconds); with `dynamic=True` only the first call
 # does (PyTorch also switches to dynamic shapes by itself after the first recompile). Training with one
 # sequence length never notices; serving with many lengths does.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. The compiled function is called with a new sequence length. What happens with `dynamic=True`,
+#    and what with `dynamic=False`?
+# 2. Compiling fuses the scale, the mask and the softmax into fewer kernels. Does the peak memory
+#    stop growing as $N^2$? Why or why not?

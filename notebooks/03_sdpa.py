@@ -87,3 +87,26 @@ for name, ts in rows.items():
 # %% [markdown]
 # The fused backends never write the N × N matrix, so they also reach lengths where step 01 runs out of
 # memory. Step 04 builds the algorithm behind "flash" yourself, in plain PyTorch, to see how.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - PyTorch, `torch.nn.functional.scaled_dot_product_attention` and `torch.nn.attention.sdpa_kernel`
+#   (the backends and their constraints), [pytorch.org/docs](https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html).
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. On a GPU, the flash backend refuses fp32 inputs. Why, and which backends still take them?
+# 2. You need an arbitrary boolean mask (`attn_mask`), not a causal one. Which backends can run it?

@@ -322,3 +322,104 @@ P = torch.exp(q @ k.transpose(-2, -1) / 4 - L[..., None])             # scale = 
 dP = do @ v.transpose(-2, -1)
 print("max |rowsum(P * dP) - delta(O, dO)| =", ((P * dP).sum(-1) - step04.delta(o, do)).abs().max().item(),
       "(delta works in float32)")
+
+# %% [markdown]
+# ## 6. The backward, derived
+#
+# The forward, for one (batch, head): $S = \text{scale}\cdot QK^\top$, $P = \mathrm{softmax}(S)$ row by
+# row, $O = PV$. Given $dO = \partial \mathcal{L} / \partial O$, walk it back one operation at a time.
+#
+# **Through $O = PV$.** A matrix product: $dV = P^\top dO$ and $dP = dO\, V^\top$.
+#
+# **Through the softmax.** Take one row: $p = \mathrm{softmax}(s)$, $p_j = e^{s_j} / \sum_k e^{s_k}$.
+# Differentiating,
+#
+# $$\frac{\partial p_j}{\partial s_k} = p_j(\delta_{jk} - p_k), \qquad
+# J = \mathrm{diag}(p) - p\,p^\top .$$
+#
+# The chain rule gives $ds_k = \sum_j dp_j\, \partial p_j / \partial s_k
+# = p_k\, dp_k - p_k \sum_j p_j\, dp_j$, that is
+#
+# $$dS = P \circ (dP - D), \qquad D_i = \sum_j P_{ij}\, dP_{ij} .$$
+#
+# $D$ is one number per query row; section 5 showed it equals $\sum_d dO_{id}\, O_{id}$, so it needs no
+# $P$. The row's $J$ is never built: $J^\top dp = p \circ (dp - p^\top dp)$ costs $O(N)$, not $O(N^2)$.
+#
+# **Through $S = \text{scale}\cdot QK^\top$.** Another product: $dQ = \text{scale}\cdot dS\,K$ and
+# $dK = \text{scale}\cdot dS^\top Q$.
+#
+# **Tiles.** Every product above is a sum over keys ($dQ$) or over queries ($dK$, $dV$), so it splits
+# over tiles: a tile of query rows and key rows contributes its share, and the shares add. With
+# $P$ rebuilt from the saved $L$ ($P = e^{S - L}$, exact, no running max needed), one tile needs only
+# its own rows of $Q$, $K$, $V$, $dO$, $L$ and $D$. That is `backward_tile`.
+#
+# First the Jacobian, checked against autograd on a row of four scores:
+
+# %%
+s_row = torch.tensor([0.3, -1.2, 2.0, 0.5], dtype=torch.float64)
+p_row = torch.softmax(s_row, 0)
+J = torch.diag(p_row) - torch.outer(p_row, p_row)
+J_autograd = torch.autograd.functional.jacobian(lambda x: torch.softmax(x, 0), s_row)
+print("max |J - autograd's Jacobian| =", (J - J_autograd).abs().max().item())
+dp_row = torch.tensor([1.0, 0.0, -2.0, 0.5], dtype=torch.float64)
+print("J^T dp           :", (J.T @ dp_row).tolist())
+print("p * (dp - p . dp):", (p_row * (dp_row - p_row @ dp_row)).tolist())
+
+# %% [markdown]
+# Now **your** `backward_tile` alone, on a problem small enough to read: 3 query rows, 4 keys, $D = 2$,
+# cut into two key tiles of 2. Each tile gets its rows of $K$, $V$; the query rows' $L$ and $D$ come
+# from the whole row. The shares of $dQ$ must add up to autograd's $dQ$, and each tile's $dK$, $dV$
+# are its own keys' gradients.
+
+# %%
+g = torch.Generator().manual_seed(0)
+q3, k4, v4 = (torch.randn(n, 2, generator=g) for n in (3, 4, 4))      # float32, as the steps compute
+do3 = torch.randn(3, 2, generator=g)
+sc = 2 ** -0.5
+o3, L3 = reference_attention(q3, k4, v4, scale=sc)                        # float64: the row's exact L
+L3 = L3.float()
+D3 = step04.delta(o3.float(), do3)
+
+dq_sum = torch.zeros(3, 2)
+dk_tiles, dv_tiles = [], []
+for k0 in (0, 2):                                        # two key tiles of 2
+    dq_t, dk_t, dv_t = step04.backward_tile(q3, k4[k0:k0 + 2], v4[k0:k0 + 2], do3, L3, D3, sc)
+    dq_sum += dq_t
+    dk_tiles.append(dk_t); dv_tiles.append(dv_t)
+
+qa, ka, va = (t.double().requires_grad_() for t in (q3, k4, v4))
+(torch.softmax(qa @ ka.T * sc, -1) @ va).backward(do3.double())
+for name, mine, ref in (("dQ (sum of the 2 shares)", dq_sum, qa.grad),
+                        ("dK (tiles side by side) ", torch.cat(dk_tiles), ka.grad),
+                        ("dV (tiles side by side) ", torch.cat(dv_tiles), va.grad)):
+    print(f"{name}: max |yours - autograd| = {(mine.double() - ref).abs().max().item():.1e}")
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, NeurIPS 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135):
+#   tiling, the online softmax in the forward, recomputation in the backward.
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691): the loop order of this step, the saved
+#   log-sum-exp, and $D$ computed once before the backward.
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3*, 2024,
+#   [arXiv:2407.08608](https://arxiv.org/abs/2407.08608): the same algorithm on Hopper.
+# - M. Milakov, N. Gimelshein, *Online normalizer calculation for softmax*, 2018,
+#   [arXiv:1805.02867](https://arxiv.org/abs/1805.02867): the running max and sum of section 1.
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton): this step as kernels (steps 05-06).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems):
+#   FlashAttention-2 in PyTorch, then Triton, with the same $(O, L)$ contract.
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. Section 1 starts from $m = -\infty$, $\ell = 0$. What does `online_softmax_update` compute for a
+#    row whose first key tile is entirely masked (every $s = -\infty$), and why must it not produce NaN?
+# 2. $dS = P \circ (dP - D)$: show that every row of $dS$ sums to 0. What does that say about adding
+#    the same constant to every score of a row?
+# 3. The backward could store $P$ instead of $L$. For $B = 8$, $H = 16$, $N = 4096$ in bf16, how many
+#    bytes is that per layer, against $L$?

@@ -302,3 +302,30 @@ plt.show()
 # ran slower with two: on Hopper, in Triton 3.6, that part is not ready for this kernel.
 #
 # **Next: step 06**, the backward pass as Triton kernels.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - P. Tillet, H. T. Kung, D. Cox, *Triton: an intermediate language and compiler for tiled neural
+#   network computations*, MAPL 2019, [doi:10.1145/3315508.3329973](https://doi.org/10.1145/3315508.3329973).
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. The kernel multiplies the scores by `scale * log2(e)` and calls `exp2`. Why is that the same
+#    softmax, and what must happen to the LSE before it is stored?
+# 2. Causal, $N = 4096$, `BLOCK_M = BLOCK_N = 64`: what fraction of the (query tile, key tile) pairs
+#    does the kernel skip, and how many of the pairs it runs need a mask?
+# 3. The K tile is loaded with `other=0.0` past $N_k$, but the scores of those padded keys are not set
+#    to $-\infty$. What goes wrong in $O$, and in which rows?

@@ -306,3 +306,25 @@ print("\nleaderboard shape, fwd+bwd:", {r["impl"]: round(r["ms"], 2) for r in lb
 # step 06's own kernel is 7-12% slower than its copy with the same tiles and the same instruction
 # counts. The copy assumes one contiguous layout; step 06 takes every stride. Finding out needs a
 # profiler on the GPU (`ncu`), which is the natural next exercise.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. dK and dV are computed by key tile; dQ by a second pass over query tiles. Why not add each key
+#    tile's share of dQ in the first pass, and what would that need?
+# 2. $D = \mathrm{rowsum}(dO \circ O)$ is accumulated in fp32 even for fp16 inputs. Give two reasons.

@@ -406,3 +406,28 @@ show(["sdpa-flash", "step07-bwd1", "step07-bwd2"], mode="bwd")
 # pytest tests/test_step07_cuda.py -m gpu          # every version, causal and not, awkward N
 # python bench/cuda_gpu.py --out my_results.json   # validate, then the benchmark grid
 # ```
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - NVIDIA, *CUDA C++ Programming Guide* (shared memory banks, `cp.async`) and the PTX ISA (`mma.sync`,
+#   `ldmatrix`), [docs.nvidia.com/cuda](https://docs.nvidia.com/cuda/).
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. Version 1 pads each row of the Q tile in shared memory by one float. What happens without the
+#    pad, for $D = 64$?
+# 2. Version 3 copies the next key tile with `cp.async` into a second buffer while it computes on the
+#    current one. What does that overlap buy, and when does it stop helping?

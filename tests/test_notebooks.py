@@ -114,3 +114,22 @@ def test_notebook_runs(path):
     finally:
         os.environ.clear()
         os.environ.update(old)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_notebook_ends_with_references_and_exercises(path):
+    """Every notebook ends with its references and two or three exercises, answered in solutions/EXERCISES.md."""
+    import re
+    text = path.read_text()
+    refs, ex = text.rfind("# ## References"), text.rfind("# ## Exercises")
+    assert 0 < refs < ex, f"{path.name}: end with '## References' then '## Exercises'"
+    for must in ("2205.14135", "2307.08691", "2407.08608", "06-fused-attention", "assignment2-systems"):
+        assert must in text[refs:ex], f"{path.name}: the references lack {must}"
+    n_ex = len(re.findall(r"^# (\d)\. ", text[ex:], flags=re.M))
+    assert 2 <= n_ex <= 3, f"{path.name}: {n_ex} exercises"
+    answers = REPO / "solutions" / "EXERCISES.md"
+    if answers.exists():
+        section = re.search(rf"^## {path.stem[:2]} .*?(?=^## |\Z)", answers.read_text(), flags=re.M | re.S)
+        assert section, f"solutions/EXERCISES.md has no section '## {path.stem[:2]} ...'"
+        n_ans = len(re.findall(r"^(\d)\. ", section.group(0), flags=re.M))
+        assert n_ans == n_ex, f"{path.name}: {n_ex} exercises, {n_ans} answers in solutions/EXERCISES.md"
