@@ -4,6 +4,7 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 IMPL    ?= steps
+LEVEL   ?= guided
 STAMP   := $(VENV)/.installed
 
 .PHONY: setup grade check test stubs check-stubs lab notebooks bench clean help
@@ -14,7 +15,8 @@ help:
 	@echo "make test    the whole suite against solutions/, stubs and notebooks included"
 	@echo "make lab     Jupyter Lab at the repository root (the notebooks are in notebooks/)"
 	@echo "make notebooks  write notebooks/NN_*.ipynb from their sources notebooks/NN_*.py (jupytext)"
-	@echo "make stubs   regenerate steps/ from solutions/ (refuses to overwrite your edits)"
+	@echo "make stubs   regenerate steps/ from solutions/ (refuses to overwrite your edits);"
+	@echo "             make stubs LEVEL=hard: the hard track, signatures and docstrings without hints"
 	@echo "make bench   benchmark every step (small on a CPU, FlashAttention's grid on a GPU)"
 
 # The course itself is installed in editable mode (`pip install -e .`): attnlib, the grader and
@@ -47,7 +49,7 @@ notebooks: $(STAMP)
 	$(VPY) -m jupytext --to notebook --update notebooks/[0-9][0-9]_*.py
 
 stubs: $(STAMP)
-	$(VPY) -m attnlib.stubgen
+	$(VPY) -m attnlib.stubgen --level $(LEVEL)
 
 check-stubs: $(STAMP)
 	$(VPY) -m attnlib.stubgen --check

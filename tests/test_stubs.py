@@ -95,7 +95,8 @@ def test_refuses_to_overwrite_edits(tmp_path):
 
 
 @NO_SOLUTIONS
-def test_pristine_stubs_raise_not_implemented(tmp_path):
+@pytest.mark.parametrize("level", stubgen.LEVELS)
+def test_pristine_stubs_raise_not_implemented(tmp_path, level):
     """Every stub imports, and its student regions raise NotImplementedError (never another error).
 
     The stubs are generated afresh into a temporary folder: your edits in steps/ are not tested here."""
@@ -103,7 +104,8 @@ def test_pristine_stubs_raise_not_implemented(tmp_path):
     from attnlib.contract import STEPS
     from attnlib.loader import load_step
     pristine = tmp_path / "steps"
-    stubgen.write(stubgen.SOLUTIONS, pristine)
+    stubgen.write(stubgen.SOLUTIONS, pristine, level=level)
+    assert stubgen.drift(stubgen.SOLUTIONS, pristine) == []
     q, k, v = make_qkv(1, 1, 8, 8, 16)
     for n, (mod, _) in STEPS.items():
         step = load_step(n, pristine)            # import must succeed
@@ -111,3 +113,31 @@ def test_pristine_stubs_raise_not_implemented(tmp_path):
             continue                             # needs a GPU to get as far as a student region
         with pytest.raises(NotImplementedError, match=f"Step {n:02d}"):
             step.attention(q, k, v)
+
+
+def test_hard_track_keeps_signatures_and_drops_hints():
+    src = ('def f(x):\n'
+           '    """Return x plus one."""\n'
+           '    y = 1\n'
+           '    # >>> STUDENT: return x plus y, the hint\n'
+           '    return x + y\n'
+           '    # <<< STUDENT\n')
+    out = stubgen.make_stub(src, "step04_flash_torch.py", level="hard")
+    assert "def f(x):" in out and '"""Return x plus one."""' in out and "y = 1" in out
+    assert "the hint" not in out and "return x + y" not in out
+    assert "raise NotImplementedError('Step 04: f (hard track: its docstring is the spec)')" in out
+    c = stubgen.make_stub("void k() {\n    // >>> STUDENT: the hint\n    // STUB: int a = 0;\n"
+                          "    int a = 1;\n    // <<< STUDENT\n}\n", "csrc/step07_x.cu", level="hard")
+    assert "the hint" not in c and "    // TODO(Step 07)\n    int a = 0;" in c
+
+
+@NO_SOLUTIONS
+def test_hard_track_leaves_no_region_hint_anywhere(tmp_path):
+    import re
+    stubgen.write(stubgen.SOLUTIONS, tmp_path, level="hard")
+    for rel in stubgen.generate():
+        sol = (stubgen.SOLUTIONS / rel).read_text()
+        hints = re.findall(r"(?:#|//) >>> STUDENT:\s*(.*)", sol)
+        stub = (tmp_path / rel).read_text()
+        for h in hints:
+            assert h.strip() not in stub, f"{rel}: the hard stub still says {h.strip()!r}"
