@@ -7,7 +7,7 @@ IMPL    ?= steps
 LEVEL   ?= guided
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup grade check test stubs check-stubs lab notebooks bench clean help
+.PHONY: setup grade check test stubs check-stubs lab notebooks executed bench clean help
 
 help:
 	@echo "make grade   grade your steps/ (IMPL=solutions or IMPL=path to grade another folder)"
@@ -15,6 +15,7 @@ help:
 	@echo "make test    the whole suite against solutions/, stubs and notebooks included"
 	@echo "make lab     Jupyter Lab at the repository root (the notebooks are in notebooks/)"
 	@echo "make notebooks  write notebooks/NN_*.ipynb from their sources notebooks/NN_*.py (jupytext)"
+	@echo "make executed  run every notebook against solutions/ into notebooks/executed/ (on the GPU machine)"
 	@echo "make stubs   regenerate steps/ from solutions/ (refuses to overwrite your edits);"
 	@echo "             make stubs LEVEL=hard: the hard track, signatures and docstrings without hints"
 	@echo "make bench   benchmark every step (small on a CPU, FlashAttention's grid on a GPU)"
@@ -47,6 +48,9 @@ lab: $(STAMP)
 
 notebooks: $(STAMP)
 	$(VPY) -m jupytext --to notebook --update notebooks/[0-9][0-9]_*.py
+
+executed: $(STAMP)
+	$(VPY) -m attnlib.nb execute notebooks/executed
 
 stubs: $(STAMP)
 	$(VPY) -m attnlib.stubgen --level $(LEVEL)

@@ -83,3 +83,60 @@ def show_region(file: str, hint_start: str, impl: str | os.PathLike | None = Non
         return "\n".join(lines[max(0, i - context):i + context + 1])
     return (f"{path}: no region starting '{hint_start}' is left (you have written it): "
             "open the file to read your version")
+
+
+def machine() -> str:
+    """One line naming where a notebook ran: the GPU (or CPU), torch and triton versions."""
+    import platform
+    try:
+        import triton
+        tv = triton.__version__
+    except Exception:                       # pragma: no cover - triton is a dependency
+        tv = "none"
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU only ({platform.processor() or platform.machine()})"
+    return f"{dev}; torch {torch.__version__}; triton {tv}"
+
+
+def execute(src: Path, dst: Path, impl: str = "solutions", timeout: int = 1800) -> Path:
+    """Run notebook ``src`` from notebooks/ as a student would (no PYTHONPATH) and write it, outputs
+    and all, to ``dst``, with a first cell that names the machine and the date."""
+    import datetime
+    import nbclient
+    import nbformat
+    nb = nbformat.read(src, as_version=4)
+    old = dict(os.environ)
+    os.environ.pop("PYTHONPATH", None)
+    os.environ.update(ATTN_IMPL=impl, MPLBACKEND="module://matplotlib_inline.backend_inline")
+    try:
+        nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(src.parent)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+        f"*Executed copy of `notebooks/{src.name}` with IMPL = \"{impl}\", on {machine()}, {when}, by "
+        "`make executed`. The source is the notebook next to this folder; edit that, not this.*"))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dst)
+    return dst
+
+
+def main(argv=None):
+    """``python -m attnlib.nb execute [OUT_DIR] [NN ...]``: executed copies of the notebooks."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m attnlib.nb")
+    ap.add_argument("command", choices=["execute"])
+    ap.add_argument("out", nargs="?", type=Path, default=REPO / "notebooks" / "executed")
+    ap.add_argument("--only", nargs="*", default=None, help="notebook numbers, e.g. 04 05")
+    args = ap.parse_args(argv)
+    for src in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        if args.only and src.name[:2] not in args.only:
+            continue
+        print(f"executing {src.name} ...", flush=True)
+        print("  wrote", execute(src, args.out / src.name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

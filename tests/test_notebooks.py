@@ -133,3 +133,20 @@ def test_notebook_ends_with_references_and_exercises(path):
         assert section, f"solutions/EXERCISES.md has no section '## {path.stem[:2]} ...'"
         n_ans = len(re.findall(r"^(\d)\. ", section.group(0), flags=re.M))
         assert n_ans == n_ex, f"{path.name}: {n_ex} exercises, {n_ans} answers in solutions/EXERCISES.md"
+
+
+@pytest.mark.slow
+def test_executed_copy_names_its_machine(tmp_path):
+    """`make executed` (attnlib.nb.execute): outputs kept, a first cell naming machine and date."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    from attnlib.nb import execute, machine
+    src = tmp_path / "src" / "99_tiny.ipynb"
+    src.parent.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("import os, attnlib\nprint(os.environ['ATTN_IMPL'], 6 * 7)")]
+    nbformat.write(nb, src)
+    out = nbformat.read(execute(src, tmp_path / "executed" / src.name), as_version=4)
+    assert out.cells[0].cell_type == "markdown" and machine() in out.cells[0].source and "UTC" in out.cells[0].source
+    assert "solutions 42" in out.cells[1].outputs[0]["text"]
