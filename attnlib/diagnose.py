@@ -97,8 +97,12 @@ def _grads_from_p(p, q, k, v, do, o, scale, use_D=True):
     return scale * ds @ k, scale * ds.transpose(-2, -1) @ q, dv
 
 
-def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
-    """Yield ``(description, tensor)`` for each classic mistake that applies to ``quantity``."""
+def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES, tiles_q=None):
+    """Yield ``(description, tensor)`` for each classic mistake that applies to ``quantity``.
+
+    ``tiles``: key-tile sizes (Bk) to simulate; ``tiles_q``: query-tile sizes (Bq), default ``tiles``.
+    """
+    tiles_q = tiles if tiles_q is None else tiles_q
     q, k, v = _f64(q, k, v)
     nq, nk = q.shape[-2], k.shape[-2]
     fwd = quantity in ("o", "lse")
@@ -188,6 +192,7 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
             yield (f"dQ is overwritten instead of accumulated across key tiles (dq = ... instead of "
                    f"dq += ...): only the last key tile's share survives (Bk={b})"), \
                 scale * (ds * keep) @ k
+    for b in tiles_q:
         if quantity in ("dk", "dv") and b < nq:
             keep = ((torch.arange(nq) // b) == ((nq - 1) // b))[:, None]      # the last query tile
             part = (scale * (ds * keep).transpose(-2, -1) @ q) if quantity == "dk" else (p * keep).transpose(-2, -1) @ do
@@ -243,13 +248,17 @@ def _name_tiles(best, scored, tile):
 
 
 def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=None,
-               row_dim=-2):
+               row_dim=-2, tile_q=None):
     """Return a sentence naming the likely mistake behind a wrong ``quantity``, or None.
 
-    ``quantity`` is one of "o", "lse", "dq", "dk", "dv".
+    ``quantity`` is one of "o", "lse", "dq", "dk", "dv". ``tile``: the implementation's key-tile
+    size (Bk), ``tile_q`` its query-tile size (Bq, default ``tile``); unknown sizes are simulated
+    from (16, 32, 64, 128) and named only when they alone reproduce the result.
     """
     actual = actual.detach().to("cpu", torch.float64)
+    tile_q = tile if tile_q is None else tile_q
     tiles = (tile,) if tile else TILES
+    tiles_q = (tile_q,) if tile_q else TILES
     truth = {"o": 0, "lse": 1}
     if quantity in truth:
         ref = reference_attention(*_f64(q, k, v), is_causal, scale)[truth[quantity]]
@@ -259,7 +268,7 @@ def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=N
     d_true = _distance(actual, ref)
     scored = []
     for desc, cand in candidates(quantity, q, k, v, is_causal=is_causal, scale=scale,
-                                 dout=dout, tiles=tiles):
+                                 dout=dout, tiles=tiles, tiles_q=tiles_q):
         if cand.shape != actual.shape:
             continue
         if not (torch.isfinite(cand) & (cand != 0)).any():
@@ -267,16 +276,16 @@ def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=N
         scored.append((_distance(actual, cand), desc))
     best = min(scored, key=lambda t: t[0]) if scored else None
     if best is not None and best[0] < 0.1 * d_true and best[0] < 5e-2:
-        return f"{_name_tiles(best, scored, tile)} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
+        return f"{_name_tiles(best, scored, tile if 'Bk=' in best[1] else tile_q)} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
 
     # Errors confined to the last partial query tile point at its boundary mask. Only with the
     # caller's tile: a guessed tile size would send the student after a boundary they do not have.
-    if quantity in ("o", "lse", "dq") and tile:
+    if quantity in ("o", "lse", "dq") and tile_q:
         n = actual.shape[row_dim]
         bad = ((actual - ref).abs() > 1e-3 * max(ref.abs().max().item(), 1e-30)) | torch.isnan(actual)
         other = [d for d in range(actual.dim()) if d != actual.dim() + row_dim]
         rows = bad.permute(actual.dim() + row_dim, *other).reshape(n, -1).any(dim=1).nonzero().flatten()
-        for bq in tiles:
+        for bq in tiles_q:
             start = (n // bq) * bq
             if start > 0 and n % bq and rows.numel() and rows.min().item() >= start:
                 return (f"only rows {start}-{n - 1}, the last, partial query tile of {bq} rows, are wrong: "

@@ -246,3 +246,18 @@ def test_no_partial_tile_guess_without_the_tile():
     assert likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25) is None
     hint = likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25, tile=64)
     assert hint and "rows 64-99" in hint
+
+
+def test_query_and_key_tiles_are_told_apart():
+    """Bq = 32, Bk = 16: a dK that keeps only the last query tile is named with the caller's Bq."""
+    q, k, v = make_qkv(1, 2, 70, 40, 16, dtype=torch.float64)
+    do = make_dout(q)
+    p = torch.softmax(q @ k.transpose(-2, -1) * 0.25, -1)
+    o = p @ v
+    ds = p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
+    keep = ((torch.arange(70) // 32) == (69 // 32))[:, None]          # rows 64-69, the last tile of 32
+    dk = 0.25 * (ds * keep).transpose(-2, -1) @ q
+    hint = likely_bug("dk", dk.float(), q, k, v, is_causal=False, scale=0.25, dout=do, tile=16, tile_q=32)
+    assert hint and "Bq=32" in hint, hint
+    wrong = likely_bug("dk", dk.float(), q, k, v, is_causal=False, scale=0.25, dout=do, tile=16)
+    assert wrong is None or "Bq=32" not in wrong          # with Bq taken to be 16 it cannot name 32
