@@ -66,11 +66,18 @@ def pytest_report_header(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Report a stub's NotImplementedError as one line, not a traceback."""
+    """Report a stub's NotImplementedError as one line, and a Triton error in a few, not a traceback."""
     outcome = yield
     rep = outcome.get_result()
-    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError) and rep.failed:
+    if call.excinfo is None or not rep.failed:
+        return
+    if call.excinfo.errisinstance(NotImplementedError):
         rep.longrepr = f"NOT IMPLEMENTED: {call.excinfo.value}"
+    elif item.config.getoption("tbstyle", "auto") != "long":
+        from attnlib.diagnose import triton_report
+        short = triton_report(call.excinfo.value)
+        if short:
+            rep.longrepr = short
 
 
 @pytest.fixture

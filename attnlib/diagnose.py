@@ -291,3 +291,45 @@ def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=N
                 return (f"only rows {start}-{n - 1}, the last, partial query tile of {bq} rows, are wrong: "
                         "that tile is skipped or its loads/stores are not masked")
     return None
+
+
+# Triton errors whose cause a student can fix in one line, and that line (each one seen and tested:
+# tests/test_attnlib.py::test_triton_error_report_is_short_and_names_the_fix).
+TRITON_FIXES = {
+    "Both operands must be same dtype": "tl.dot takes two operands of one dtype: cast the fp32 one "
+                                        "(p.to(v.dtype), ds.to(k.dtype)) before the product",
+}
+
+
+def triton_report(exc):
+    """A short report for an exception raised by a Triton kernel (interpreter or compiler), or None:
+    the innermost message, the frames in the implementation under test, and a fix when known."""
+    import traceback
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if not any(type(x).__name__ in ("InterpreterError", "CompilationError") for x in chain):
+        return None
+    import os
+    try:
+        from .loader import impl_root
+        root = str(impl_root())
+    except Exception:
+        root = os.environ.get("ATTN_IMPL", "steps")
+    frames, seen = [], set()
+    for x in chain:                      # the outermost call first, the failing line last
+        for f in traceback.extract_tb(x.__traceback__):
+            if f.filename.startswith(root) and (f.filename, f.lineno) not in seen:
+                seen.add((f.filename, f.lineno))
+                frames.append(f"    {os.path.relpath(f.filename, root)}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
+    inner = chain[-1]
+    msg = f"{type(inner).__name__}: {inner}"
+    lines = ["TRITON ERROR in your kernel (pytest --tb=long shows the interpreter's whole traceback)",
+             f"  {msg}"]
+    if frames:
+        lines += ["  where, in your code (the failing line last):"] + frames
+    for needle, fix in TRITON_FIXES.items():
+        if needle in msg:
+            lines.append(f"  likely fix: {fix}")
+    return "\n".join(lines)

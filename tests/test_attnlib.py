@@ -261,3 +261,37 @@ def test_query_and_key_tiles_are_told_apart():
     assert hint and "Bq=32" in hint, hint
     wrong = likely_bug("dk", dk.float(), q, k, v, is_causal=False, scale=0.25, dout=do, tile=16)
     assert wrong is None or "Bq=32" not in wrong          # with Bq taken to be 16 it cannot name 32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the report is checked on the interpreter's errors")
+def test_triton_error_report_is_short_and_names_the_fix(tmp_path):
+    """A Triton kernel error: the message, the failing line of the implementation, the one-line fix."""
+    import importlib.util
+    from attnlib.diagnose import triton_report
+    src = tmp_path / "kern.py"
+    src.write_text(
+        "import triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def k(A, B, O, N: tl.constexpr):\n"
+        "    r = tl.arange(0, N)\n"
+        "    a = tl.load(A + r[:, None] * N + r[None, :])\n"
+        "    b = tl.load(B + r[:, None] * N + r[None, :])\n"
+        "    tl.store(O + r[:, None] * N + r[None, :], tl.dot(a, b))\n")
+    spec = importlib.util.spec_from_file_location("kern_under_test", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a, b = torch.randn(16, 16), torch.randn(16, 16).half()
+    with pytest.raises(Exception) as e:
+        mod.k[(1,)](a, b, torch.empty(16, 16), N=16)
+    import os
+    old = os.environ.get("ATTN_IMPL")
+    os.environ["ATTN_IMPL"] = str(tmp_path)
+    try:
+        text = triton_report(e.value)
+    finally:
+        os.environ["ATTN_IMPL"] = old or "steps"
+    assert text is not None and len(text.splitlines()) <= 8, text
+    assert "Both operands must be same dtype" in text
+    assert "kern.py:7 in k: tl.store(O + r[:, None] * N + r[None, :], tl.dot(a, b))" in text
+    assert "likely fix: tl.dot takes two operands of one dtype" in text
+    assert triton_report(ValueError("not a kernel")) is None
