@@ -1,6 +1,7 @@
 """`make check` (pytest -m quick): every step once, in the order an error travels, in under 2 minutes.
 
-Per step, on one awkward causal shape (Nq > Nk, neither a multiple of a tile), in fp32 and fp16:
+Per step, on one awkward causal shape (Nq > Nk, neither a multiple of a tile), in fp32 and fp16
+(step 07: fp16 and bf16, on a GPU):
 the forward's O and, for steps 04-07, the LSE from ``attention_with_lse``; then O, dQ, dK, dV
 through autograd. The full suite (`make test`, `pytest -m stepNN`) checks many more shapes.
 """
@@ -15,7 +16,7 @@ from attnlib.compare import assert_close
 from attnlib.contract import STEPS
 from attnlib.reference import reference_attention
 
-CASE = Case((1, 2), 40, 33, 32)
+CASE = Case((1, 2), 40, 33, 64)          # D = 64: a head dim every step takes (step 07: 64 or 128)
 GPU = torch.cuda.is_available()
 
 
@@ -24,7 +25,8 @@ def _params():
         marks = [pytest.mark.quick, getattr(pytest.mark, f"step{n:02d}")]
         if n == 7:
             marks.append(pytest.mark.skipif(not GPU, reason="step 07 runs CUDA kernels: it needs a GPU"))
-        for dtype in (torch.float32, torch.float16):
+        # Step 07's kernels take 16-bit inputs only (its check_inputs refuses fp32).
+        for dtype in ((torch.float16, torch.bfloat16) if n == 7 else (torch.float32, torch.float16)):
             yield pytest.param(n, dtype, marks=marks, id=f"step{n:02d}-{str(dtype)[6:]}")
 
 
