@@ -106,8 +106,9 @@ def test_notebook_runs(path):
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
     old = dict(os.environ)
+    env = _env_without_pythonpath(ATTN_IMPL="solutions", MPLBACKEND="Agg")     # before the clear below
     os.environ.clear()
-    os.environ.update(_env_without_pythonpath(ATTN_IMPL="solutions", MPLBACKEND="Agg"))
+    os.environ.update(env)
     try:
         client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                          resources={"metadata": {"path": str(NB_DIR)}})
