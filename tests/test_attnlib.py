@@ -189,7 +189,7 @@ def test_diagnosis_names_every_lse_bug(is_causal):
     bugs = lse_bugs(s)
     assert len({d for d, _ in bugs}) == len(bugs) >= 7
     for desc, wrong in bugs:
-        hint = likely_bug("lse", wrong.float(), q, k, v, is_causal=is_causal, scale=0.25, row_dim=-1)
+        hint = likely_bug("lse", wrong.float(), q, k, v, is_causal=is_causal, scale=0.25, row_dim=-1, tile=16)
         assert hint is not None and hint.startswith(desc), f"{desc!r} was diagnosed as {hint!r}"
 
 
@@ -198,14 +198,14 @@ def test_diagnosis_names_every_lse_bug(is_causal):
 def test_backward_from_a_wrong_lse_blames_the_lse(which, is_causal):
     """O is right, the LSE is not: the backward's gradients are wrong, and the hint says the LSE."""
     from attnlib.diagnose import _grads_from_p, lse_bugs
-    q, k, v = make_qkv(1, 2, 40, 40, 16, dtype=torch.float64)
+    q, k, v = make_qkv(1, 2, 24, 20, 16, dtype=torch.float64)
     do = make_dout(q)
     s = _scores64(q, k, 0.25, is_causal)
     o = torch.softmax(s, -1) @ v
     for desc, wrong in lse_bugs(s):
         grads = _grads_from_p(torch.exp(s - wrong[..., None]), q, k, v, do, o, 0.25)
         g = grads[("dq", "dk", "dv").index(which)]
-        hint = likely_bug(which, g.float(), q, k, v, is_causal=is_causal, scale=0.25, dout=do)
+        hint = likely_bug(which, g.float(), q, k, v, is_causal=is_causal, scale=0.25, dout=do, tile=16)
         assert hint is not None and "The LSE is wrong; fix it" in hint and desc in hint, (desc, hint)
 
 
