@@ -333,3 +333,67 @@ def triton_report(exc):
         if needle in msg:
             lines.append(f"  likely fix: {fix}")
     return "\n".join(lines)
+
+
+class launched_tiles:
+    """Record the tile sizes of every Triton kernel launched inside the ``with`` block.
+
+        with launched_tiles() as tiles:
+            step.attention(q, k, v)
+        tiles.get("BLOCK_M"), tiles.get("BLOCK_N")   # the implementation's own query and key tiles
+
+    ``tiles`` maps each ``BLOCK_*`` constexpr to its value when every launch agreed on it (a
+    name launched with two values is left out), so a diagnosis can name the student's tile sizes
+    instead of guessing. ``tiles.kernels`` keeps each kernel's own ``{name: value}``. Works in
+    Triton's interpreter and on a GPU (autotuned configs arrive as keyword arguments too).
+    """
+
+    def __init__(self):
+        self.tiles: dict[str, int] = {}
+        self.kernels: dict[str, dict[str, int]] = {}
+        self._conflicts: set[str] = set()
+        self._saved: list = []
+
+    def __enter__(self):
+        try:
+            import triton.runtime.jit as jit
+        except ImportError:                    # no Triton: nothing is launched, nothing recorded
+            return self
+        classes = [jit.JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        except ImportError:
+            pass
+        for cls in classes:
+            orig = cls.__dict__["run"]
+            self._saved.append((cls, orig))
+            cls.run = self._wrap(orig)
+        return self
+
+    def __exit__(self, *exc):
+        for cls, orig in self._saved:
+            cls.run = orig
+        self._saved.clear()
+        return False
+
+    def _wrap(self, orig):
+        rec = self
+
+        def run(fn_self, *args, grid, warmup, **kwargs):
+            bound = dict(zip(getattr(fn_self, "arg_names", ()), args))
+            bound.update(kwargs)
+            found = {k: int(v) for k, v in bound.items()
+                     if k.startswith("BLOCK_") and isinstance(v, int) and not isinstance(v, bool)}
+            name = getattr(getattr(fn_self, "fn", None), "__name__", "kernel")
+            rec.kernels.setdefault(name, found)
+            for k, v in found.items():
+                if rec.tiles.setdefault(k, v) != v:
+                    rec._conflicts.add(k)
+            for k in rec._conflicts:
+                rec.tiles.pop(k, None)
+            return orig(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
+        return run
+
+    def get(self, name, default=None):
+        return self.tiles.get(name, default)

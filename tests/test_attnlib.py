@@ -295,3 +295,27 @@ def test_triton_error_report_is_short_and_names_the_fix(tmp_path):
     assert "kern.py:7 in k: tl.store(O + r[:, None] * N + r[None, :], tl.dot(a, b))" in text
     assert "likely fix: tl.dot takes two operands of one dtype" in text
     assert triton_report(ValueError("not a kernel")) is None
+
+
+def test_launched_tiles_records_the_kernels_own_tile_sizes():
+    """attnlib.diagnose.launched_tiles: the BLOCK_* of each launch, agreed values only, run restored."""
+    import triton
+    import triton.language as tl
+    from attnlib.diagnose import launched_tiles
+
+    @triton.jit
+    def copy(X, Y, N, BLOCK_N: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(Y + r, tl.load(X + r, mask=r < N), mask=r < N)
+
+    x, y = torch.arange(40.0), torch.empty(40)
+    run_before = type(copy).run
+    with launched_tiles() as t:
+        copy[(3,)](x, y, 40, BLOCK_N=16)
+        copy[(2,)](x, y, 40, 32)                            # positional: bound by the kernel's arg names
+    assert type(copy).run is run_before
+    assert torch.equal(x, y)
+    assert t.kernels == {"copy": {"BLOCK_N": 16}} and t.get("BLOCK_N") is None   # 16 then 32: no single tile
+    with launched_tiles() as t:
+        copy[(2,)](x, y, 40, BLOCK_N=32)
+    assert t.get("BLOCK_N") == 32
