@@ -1,27 +1,36 @@
 # Two commands matter: `make grade` (your work) and `make test` (the whole suite).
-# Both set up .venv first if it is missing.
+# Every target sets up .venv first if it is missing.
 PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 IMPL    ?= steps
+LEVEL   ?= guided
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup grade test test-solutions test-stubs stubs check-stubs notebooks bench gpu-check clean help
+.PHONY: setup grade check test stubs check-stubs lab notebooks executed bench gpu-check clean help
 
 help:
 	@echo "make grade   grade your steps/ (IMPL=solutions or IMPL=path to grade another folder)"
+	@echo "make check   one quick test per step on IMPL (default: your steps/), under 2 minutes on a laptop"
 	@echo "make test    the whole suite against solutions/, stubs and notebooks included"
-	@echo "make stubs   regenerate steps/ from solutions/ (refuses to overwrite your edits)"
+	@echo "make lab     Jupyter Lab at the repository root (the notebooks are in notebooks/)"
+	@echo "make notebooks  write notebooks/NN_*.ipynb from their sources notebooks/NN_*.py (jupytext)"
+	@echo "make executed  run every notebook against solutions/ into notebooks/executed/ (on the GPU machine)"
+	@echo "make stubs   regenerate steps/ from solutions/ (refuses to overwrite your edits);"
+	@echo "             make stubs LEVEL=hard: the hard track, signatures and docstrings without hints"
 	@echo "make bench   benchmark every step (small on a CPU, FlashAttention's grid on a GPU)"
 	@echo "make gpu-check  on a GPU: the whole suite, the grader on solutions and stubs, the leaderboard"
 
-$(STAMP): requirements.txt
+# The course itself is installed in editable mode (`pip install -e .`): attnlib, the grader and
+# the pytest option --impl then import from any folder, notebooks/ included, with no PYTHONPATH.
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	# torch first: on the course's CPU machines `torch==2.13.0` is a local CPU build;
 	# a bare `torch` would fetch a multi-GB CUDA build.
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q "torch==2.13.0" || $(VPY) -m pip install -q "torch>=2.11,<2.14"
 	$(VPY) -m pip install -q -r requirements.txt
+	$(VPY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -29,11 +38,23 @@ setup: $(STAMP)
 grade: $(STAMP)
 	$(VPY) -m grading --impl $(IMPL)
 
+check: $(STAMP)
+	$(VPY) -m pytest -m quick --impl $(IMPL) -q
+
 test: $(STAMP)
 	$(VPY) -m pytest --impl solutions -q
 
+lab: $(STAMP)
+	$(VPY) -m jupyter lab --notebook-dir=$(CURDIR)
+
+notebooks: $(STAMP)
+	$(VPY) -m jupytext --to notebook --update notebooks/[0-9][0-9]_*.py
+
+executed: $(STAMP)
+	$(VPY) -m attnlib.nb execute notebooks/executed
+
 stubs: $(STAMP)
-	$(VPY) -m attnlib.stubgen
+	$(VPY) -m attnlib.stubgen --level $(LEVEL)
 
 check-stubs: $(STAMP)
 	$(VPY) -m attnlib.stubgen --check
@@ -49,4 +70,4 @@ gpu-check:
 	$(GPU_PY) -m bench.gpu_check
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache *.egg-info

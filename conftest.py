@@ -1,7 +1,12 @@
 """Shared test setup (at the repository root, so `pytest --impl ...` is known before tests are collected).
 
 Which implementation is tested: ``--impl steps`` (default, your work),
-``--impl solutions``, or ``--impl path/to/submission``; or ATTN_IMPL.
+``--impl solutions``, or ``--impl path/to/submission`` (``--impl=PATH`` too; the folder may be
+anywhere); or ATTN_IMPL. The option itself comes from attnlib/pytest_plugin.py, installed with
+the course, so pytest knows it before it parses a path that follows it.
+
+    pytest -m quick          # one quick test per step (what `make check` runs)
+    pytest -m step04         # one step
 """
 
 import os
@@ -21,8 +26,10 @@ STEP_OF_MARK = {f"step{n:02d}": n for n in STEPS}
 
 
 def pytest_addoption(parser):
-    parser.addoption("--impl", default=None,
-                     help="steps (default), solutions, or a folder shaped like steps/")
+    # Only when the course is not installed (no `pip install -e .`): then --impl works before
+    # a path under the repository, not before a folder outside it.
+    from attnlib.pytest_plugin import add_impl_option
+    add_impl_option(parser)
 
 
 def pytest_configure(config):
@@ -32,6 +39,16 @@ def pytest_configure(config):
     os.environ.setdefault("ATTN_IMPL", "steps")
     for mark in STEP_OF_MARK:
         config.addinivalue_line("markers", f"{mark}: tests of step {mark[4:]} ({STEPS[STEP_OF_MARK[mark]][1]})")
+    # Markers and warning filters live here, not only in pytest.ini: with `--impl /folder/elsewhere`
+    # pytest takes that folder for its root and never reads pytest.ini.
+    for line in ("gpu: needs a CUDA GPU (skipped on a CPU, with the reason)",
+                 "slow: takes more than a few seconds on a CPU",
+                 "quick: one fast test per step, run by `make check` (pytest -m quick)"):
+        config.addinivalue_line("markers", line)
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:torch.*")
+    # NumPy 2.x on Triton 3.6 interpreter internals: not the student's code.
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.*")
+    config.option.strict_markers = True
     # Tolerances for float32 assume true fp32 matrix products (attnlib/compare.py).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -49,11 +66,18 @@ def pytest_report_header(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Report a stub's NotImplementedError as one line, not a traceback."""
+    """Report a stub's NotImplementedError as one line, and a Triton error in a few, not a traceback."""
     outcome = yield
     rep = outcome.get_result()
-    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError) and rep.failed:
+    if call.excinfo is None or not rep.failed:
+        return
+    if call.excinfo.errisinstance(NotImplementedError):
         rep.longrepr = f"NOT IMPLEMENTED: {call.excinfo.value}"
+    elif item.config.getoption("tbstyle", "auto") != "long":
+        from attnlib.diagnose import triton_report
+        short = triton_report(call.excinfo.value)
+        if short:
+            rep.longrepr = short
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ class Stats:
     n_nan: int
     n_inf: int
     max_abs: float
-    max_rel: float
+    max_rel: float | None       # None when the reference is 0 everywhere
     worst_index: tuple
     bad_rows: list
 
@@ -149,8 +149,9 @@ def assert_close(actual, expected, *, name="output", dtype=None, tf32=False,
     flat = int(err_nonan.argmax())
     worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
     max_abs = float(err_nonan.max())
+    # Relative error only where the reference is not (near) 0: |err| / 0 would print nan or inf.
     big = e.abs() > 1e-3 * scale
-    max_rel = float((err_nonan[big] / e.abs()[big]).max()) if big.any() else float("nan")
+    max_rel = float((err_nonan[big] / e.abs()[big]).max()) if big.any() else None
 
     lines = [f"{name} does not match the reference"
              + (f" ({context})" if context else "") + f": dtype {dtype}, shape {tuple(a.shape)}"]
@@ -160,7 +161,11 @@ def assert_close(actual, expected, *, name="output", dtype=None, tf32=False,
         lines.append(f"  NaN: {n_nan:,}, Inf: {n_inf:,} in yours (the reference has none there)")
     lines.append(f"  worst element {list(worst)}: yours {_fmt(a[worst].item())}, "
                  f"reference {_fmt(e[worst].item())}, |err| {_fmt(err[worst].item())}")
-    lines.append(f"  max abs err {_fmt(max_abs)}, max rel err {_fmt(max_rel)}")
+    if max_rel is None:
+        lines.append(f"  max abs err {_fmt(max_abs)} (the reference is 0 everywhere: no relative error)")
+    else:
+        lines.append(f"  max abs err {_fmt(max_abs)}, max rel err {_fmt(max_rel)} "
+                     f"(where |ref| > {_fmt(1e-3 * scale)})")
     bad_rows: list[int] = []
     if a.dim() >= -row_dim:
         row_dim = a.dim() + row_dim

@@ -34,6 +34,7 @@ STEPS: dict[int, tuple[str, str]] = {
     7: ("step07_cuda", "hand-written CUDA kernels"),
     8: ("step08_varlen", "ragged batches and grouped-query attention"),
     9: ("step09_sparse", "sliding window + global tokens (block-sparse)"),
+    10: ("step10_ring", "ring attention across processes (torch.distributed)"),
 }
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -10,6 +10,7 @@ knows the tile.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 
@@ -61,6 +62,33 @@ def flash_sim(q, k, v, scale, is_causal, bk, *, rescale_acc=True, rescale_l=True
     return o, m + torch.log(l)
 
 
+LN2 = math.log(2)
+
+
+def lse_bugs(s):
+    """``(description, wrong LSE)`` for the classic LSE mistakes, from float64 scores ``s``.
+
+    The right LSE is ``m + log(l)``: m the row's max score, l = sum_j exp(s_j - m). A Triton kernel
+    works in base 2 (m2 = m / ln 2, the same l) and must store ``(m2 + log2(l)) * ln 2``.
+    """
+    m = s.amax(dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    log_l = lse - m
+    return [
+        ("the LSE is the running max m only: + log(l) is missing", m),
+        ("the LSE is log(l) only: + m is missing", log_l),
+        ("the LSE is in base 2 (log2-sum-exp2): convert with * ln(2) before storing", lse / LN2),
+        ("the LSE is log2(l) only: the running max is missing, and the base-2 log is not converted "
+         "(LSE = (m2 + log2(l)) * ln 2)", log_l / LN2),
+        ("the LSE is the base-2 running max m2 only: + log2(l) is missing, and * ln(2) "
+         "(LSE = (m2 + log2(l)) * ln 2)", m / LN2),
+        ("the LSE mixes bases: m + log2(l); both terms must be natural ((m2 + log2(l)) * ln 2)",
+         m + log_l / LN2),
+        ("the LSE mixes bases: the base-2 max m2 + a natural log(l); convert the sum, "
+         "(m2 + log2(l)) * ln 2", m / LN2 + log_l),
+    ]
+
+
 def _grads_from_p(p, q, k, v, do, o, scale, use_D=True):
     dv = p.transpose(-2, -1) @ do
     dp = do @ v.transpose(-2, -1)
@@ -69,8 +97,12 @@ def _grads_from_p(p, q, k, v, do, o, scale, use_D=True):
     return scale * ds @ k, scale * ds.transpose(-2, -1) @ q, dv
 
 
-def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
-    """Yield ``(description, tensor)`` for each classic mistake that applies to ``quantity``."""
+def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES, tiles_q=None):
+    """Yield ``(description, tensor)`` for each classic mistake that applies to ``quantity``.
+
+    ``tiles``: key-tile sizes (Bk) to simulate; ``tiles_q``: query-tile sizes (Bq), default ``tiles``.
+    """
+    tiles_q = tiles if tiles_q is None else tiles_q
     q, k, v = _f64(q, k, v)
     nq, nk = q.shape[-2], k.shape[-2]
     fwd = quantity in ("o", "lse")
@@ -127,12 +159,8 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
                 flash_sim(q, k, v, scale, is_causal, nk, normalize=False)[0]
         else:
             s = _scores(q, k, scale, causal_mask(nq, nk) if is_causal else None)
-            m = s.amax(dim=-1)
-            yield "the LSE is the running max m only: + log(l) is missing", m
-            lse = torch.logsumexp(s, dim=-1)
-            yield "the LSE is in base 2 (log2-sum-exp2): convert with * ln(2) before storing", \
-                lse / math.log(2)
-            yield "the LSE is log(l) only: + m is missing", lse - m
+            for desc, wrong in lse_bugs(s):
+                yield desc, wrong
         return
 
     do = _f64(dout)[0]
@@ -164,11 +192,19 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES):
             yield (f"dQ is overwritten instead of accumulated across key tiles (dq = ... instead of "
                    f"dq += ...): only the last key tile's share survives (Bk={b})"), \
                 scale * (ds * keep) @ k
+    for b in tiles_q:
         if quantity in ("dk", "dv") and b < nq:
             keep = ((torch.arange(nq) // b) == ((nq - 1) // b))[:, None]      # the last query tile
             part = (scale * (ds * keep).transpose(-2, -1) @ q) if quantity == "dk" else (p * keep).transpose(-2, -1) @ do
             yield (f"{quantity} is overwritten instead of accumulated across query tiles: only the last "
                    f"query tile's share survives (Bq={b})"), part
+    # The backward rebuilds P = exp(S - L) from the forward's LSE: a wrong LSE makes every
+    # gradient wrong while O is right. Name the LSE, the error's source, not the backward.
+    for desc, wrong in lse_bugs(s):
+        p_bug = torch.exp(s - wrong[..., None])
+        yield (f"the backward rebuilt P = exp(S - LSE) from a wrong LSE: {desc}. "
+               "The LSE is wrong; fix it (the forward's epilogue) before the backward"), \
+            _grads_from_p(p_bug, q, k, v, do, o, scale)[idx]
     if is_causal:
         p_unmasked = torch.exp(_scores(q, k, scale, None) - lse[..., None])
         yield "the causal mask is missing when P is recomputed in the backward", \
@@ -193,14 +229,36 @@ def _distance(a, b):
     return d.max().item() / max(s, 1e-30)
 
 
+_TILE = re.compile(r"B([kq])=(\d+)")
+
+
+def _name_tiles(best, scored, tile):
+    """The best description; when the tile size was guessed, every tried size that fits as well."""
+    d, desc = best
+    m = _TILE.search(desc)
+    if tile or not m:
+        return desc
+    key = _TILE.sub("B?", desc)
+    sizes = sorted({int(_TILE.search(x).group(2)) for dx, x in scored
+                    if _TILE.search(x) and _TILE.sub("B?", x) == key and dx <= 2 * d + 1e-12})
+    if len(sizes) <= 1:
+        return desc                  # the one size whose simulation reproduces the result
+    alts = " or ".join(str(x) for x in sizes)
+    return desc.replace(m.group(0), f"B{m.group(1)}={alts}: each reproduces it; yours is one of them")
+
+
 def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=None,
-               row_dim=-2):
+               row_dim=-2, tile_q=None):
     """Return a sentence naming the likely mistake behind a wrong ``quantity``, or None.
 
-    ``quantity`` is one of "o", "lse", "dq", "dk", "dv".
+    ``quantity`` is one of "o", "lse", "dq", "dk", "dv". ``tile``: the implementation's key-tile
+    size (Bk), ``tile_q`` its query-tile size (Bq, default ``tile``); unknown sizes are simulated
+    from (16, 32, 64, 128) and named only when they alone reproduce the result.
     """
     actual = actual.detach().to("cpu", torch.float64)
+    tile_q = tile if tile_q is None else tile_q
     tiles = (tile,) if tile else TILES
+    tiles_q = (tile_q,) if tile_q else TILES
     truth = {"o": 0, "lse": 1}
     if quantity in truth:
         ref = reference_attention(*_f64(q, k, v), is_causal, scale)[truth[quantity]]
@@ -208,28 +266,134 @@ def likely_bug(quantity, actual, q, k, v, *, is_causal, scale, dout=None, tile=N
         ref = dict(zip(("dq", "dk", "dv"),
                        reference_backward(*_f64(q, k, v), _f64(dout)[0], is_causal, scale)))[quantity]
     d_true = _distance(actual, ref)
-    best = None
+    scored = []
     for desc, cand in candidates(quantity, q, k, v, is_causal=is_causal, scale=scale,
-                                 dout=dout, tiles=tiles):
+                                 dout=dout, tiles=tiles, tiles_q=tiles_q):
         if cand.shape != actual.shape:
             continue
         if not (torch.isfinite(cand) & (cand != 0)).any():
             continue                      # an all-zero candidate would match any zeroed output
-        d = _distance(actual, cand)
-        if best is None or d < best[0]:
-            best = (d, desc)
+        scored.append((_distance(actual, cand), desc))
+    best = min(scored, key=lambda t: t[0]) if scored else None
     if best is not None and best[0] < 0.1 * d_true and best[0] < 5e-2:
-        return f"{best[1]} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
+        return f"{_name_tiles(best, scored, tile if 'Bk=' in best[1] else tile_q)} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
 
-    # Errors confined to the last partial query tile point at its boundary mask.
-    if quantity in ("o", "lse", "dq"):
+    # Errors confined to the last partial query tile point at its boundary mask. Only with the
+    # caller's tile: a guessed tile size would send the student after a boundary they do not have.
+    if quantity in ("o", "lse", "dq") and tile_q:
         n = actual.shape[row_dim]
         bad = ((actual - ref).abs() > 1e-3 * max(ref.abs().max().item(), 1e-30)) | torch.isnan(actual)
         other = [d for d in range(actual.dim()) if d != actual.dim() + row_dim]
         rows = bad.permute(actual.dim() + row_dim, *other).reshape(n, -1).any(dim=1).nonzero().flatten()
-        for bq in tiles:
+        for bq in tiles_q:
             start = (n // bq) * bq
             if start > 0 and n % bq and rows.numel() and rows.min().item() >= start:
                 return (f"only rows {start}-{n - 1}, the last, partial query tile of {bq} rows, are wrong: "
                         "that tile is skipped or its loads/stores are not masked")
     return None
+
+
+# Triton errors whose cause a student can fix in one line, and that line (each one seen and tested:
+# tests/test_attnlib.py::test_triton_error_report_is_short_and_names_the_fix).
+TRITON_FIXES = {
+    "Both operands must be same dtype": "tl.dot takes two operands of one dtype: cast the fp32 one "
+                                        "(p.to(v.dtype), ds.to(k.dtype)) before the product",
+}
+
+
+def triton_report(exc):
+    """A short report for an exception raised by a Triton kernel (interpreter or compiler), or None:
+    the innermost message, the frames in the implementation under test, and a fix when known."""
+    import traceback
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if not any(type(x).__name__ in ("InterpreterError", "CompilationError") for x in chain):
+        return None
+    import os
+    try:
+        from .loader import impl_root
+        root = str(impl_root())
+    except Exception:
+        root = os.environ.get("ATTN_IMPL", "steps")
+    frames, seen = [], set()
+    for x in chain:                      # the outermost call first, the failing line last
+        for f in traceback.extract_tb(x.__traceback__):
+            if f.filename.startswith(root) and (f.filename, f.lineno) not in seen:
+                seen.add((f.filename, f.lineno))
+                frames.append(f"    {os.path.relpath(f.filename, root)}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
+    inner = chain[-1]
+    msg = f"{type(inner).__name__}: {inner}"
+    lines = ["TRITON ERROR in your kernel (pytest --tb=long shows the interpreter's whole traceback)",
+             f"  {msg}"]
+    if frames:
+        lines += ["  where, in your code (the failing line last):"] + frames
+    for needle, fix in TRITON_FIXES.items():
+        if needle in msg:
+            lines.append(f"  likely fix: {fix}")
+    return "\n".join(lines)
+
+
+class launched_tiles:
+    """Record the tile sizes of every Triton kernel launched inside the ``with`` block.
+
+        with launched_tiles() as tiles:
+            step.attention(q, k, v)
+        tiles.get("BLOCK_M"), tiles.get("BLOCK_N")   # the implementation's own query and key tiles
+
+    ``tiles`` maps each ``BLOCK_*`` constexpr to its value when every launch agreed on it (a
+    name launched with two values is left out), so a diagnosis can name the student's tile sizes
+    instead of guessing. ``tiles.kernels`` keeps each kernel's own ``{name: value}``. Works in
+    Triton's interpreter and on a GPU (autotuned configs arrive as keyword arguments too).
+    """
+
+    def __init__(self):
+        self.tiles: dict[str, int] = {}
+        self.kernels: dict[str, dict[str, int]] = {}
+        self._conflicts: set[str] = set()
+        self._saved: list = []
+
+    def __enter__(self):
+        try:
+            import triton.runtime.jit as jit
+        except ImportError:                    # no Triton: nothing is launched, nothing recorded
+            return self
+        classes = [jit.JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+            classes.append(InterpretedFunction)
+        except ImportError:
+            pass
+        for cls in classes:
+            orig = cls.__dict__["run"]
+            self._saved.append((cls, orig))
+            cls.run = self._wrap(orig)
+        return self
+
+    def __exit__(self, *exc):
+        for cls, orig in self._saved:
+            cls.run = orig
+        self._saved.clear()
+        return False
+
+    def _wrap(self, orig):
+        rec = self
+
+        def run(fn_self, *args, grid, warmup, **kwargs):
+            bound = dict(zip(getattr(fn_self, "arg_names", ()), args))
+            bound.update(kwargs)
+            found = {k: int(v) for k, v in bound.items()
+                     if k.startswith("BLOCK_") and isinstance(v, int) and not isinstance(v, bool)}
+            name = getattr(getattr(fn_self, "fn", None), "__name__", "kernel")
+            rec.kernels.setdefault(name, found)
+            for k, v in found.items():
+                if rec.tiles.setdefault(k, v) != v:
+                    rec._conflicts.add(k)
+            for k in rec._conflicts:
+                rec.tiles.pop(k, None)
+            return orig(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
+        return run
+
+    def get(self, name, default=None):
+        return self.tiles.get(name, default)

@@ -23,6 +23,7 @@ generator can tell a student's edits apart and refuses to overwrite them
 unless ``--force`` is given.
 
     python -m attnlib.stubgen            # write steps/ (refuses over edits)
+    python -m attnlib.stubgen --level hard   # the hard track: no hints inside the regions
     python -m attnlib.stubgen --check    # exit 1 if steps/ is not what solutions/ generates
 """
 
@@ -58,8 +59,29 @@ def _step_of(rel: str) -> str:
     return m.group(1) if m else "??"
 
 
-def make_stub(text: str, rel: str) -> str:
-    """Turn one solution file's text into its stub's text."""
+LEVELS = ("guided", "hard")
+
+
+def _enclosing_def(out: list[str], indent: str) -> str:
+    """The name of the innermost ``def`` (or ``class``) above a region at ``indent``."""
+    for line in reversed(out):
+        m = re.match(r"^(\s*)(?:async\s+)?(?:def|class)\s+(\w+)", line)
+        if m and len(m.group(1)) < len(indent):
+            return m.group(2)
+    return "this region"
+
+
+def make_stub(text: str, rel: str, level: str = "guided") -> str:
+    """Turn one solution file's text into its stub's text.
+
+    ``level="guided"`` (the default) keeps each region's hint, as a TODO and in the
+    NotImplementedError. ``level="hard"`` keeps only what is outside the regions (signatures,
+    docstrings, the input checks of the contract): a region becomes a bare
+    ``raise NotImplementedError("Step NN: <function> (hard track: ...)")``.
+    """
+    if level not in LEVELS:
+        raise StubError(f"unknown level {level!r}; levels are {LEVELS}")
+    hard = level == "hard"
     suffix = Path(rel).suffix
     c_like = suffix in C_LIKE
     cm = "//" if c_like else "#"
@@ -99,12 +121,17 @@ def make_stub(text: str, rel: str) -> str:
             raise StubError(f"{rel}:{start + 1}: STUDENT region is never closed")
         i += 1  # skip the closing marker
         if c_like:
-            out.append(f"{indent}// TODO(Step {step}): {hint}")
+            out.append(f"{indent}// TODO(Step {step})" + ("" if hard else f": {hint}"))
             out.extend(body_stub)
+        elif hard:
+            msg = f"Step {step}: {_enclosing_def(out, indent)} (hard track: its docstring is the spec)"
+            out.extend(body_stub or [f"{indent}raise NotImplementedError({msg!r})"])
         else:
             out.append(f"{indent}# TODO(Step {step}): {hint}")
             out.extend(body_stub or [f"{indent}raise NotImplementedError({f'Step {step}: {hint}'!r})"])
     header = HEADER["c" if c_like else ".py"].format(rel=rel)
+    if hard:
+        header += ("// " if c_like else "# ") + "Hard track (`make stubs LEVEL=hard`): no hints inside the regions.\n"
     return header + "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
@@ -112,7 +139,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def generate(solutions: Path = SOLUTIONS) -> dict[str, str]:
+def generate(solutions: Path = SOLUTIONS, level: str = "guided") -> dict[str, str]:
     """Map each relative path under solutions/ to its stub text."""
     result = {}
     for path in sorted(solutions.rglob("*")):
@@ -120,34 +147,52 @@ def generate(solutions: Path = SOLUTIONS) -> dict[str, str]:
             continue
         rel = path.relative_to(solutions).as_posix()
         text = path.read_text()
-        result[rel] = make_stub(text, rel) if rel != "__init__.py" else text
+        result[rel] = make_stub(text, rel, level) if rel != "__init__.py" else text
     return result
 
 
-def drift(solutions: Path = SOLUTIONS, steps: Path = STEPS_DIR) -> list[str]:
-    """Lines describing each way steps/ differs from what solutions/ generates."""
+def drift(solutions: Path = SOLUTIONS, steps: Path = STEPS_DIR, allow_edits: bool = False) -> list[str]:
+    """Lines describing each way steps/ differs from what solutions/ generates.
+
+    ``allow_edits``: a file that differs is no problem when the manifest shows it was generated
+    from today's solutions and edited since (a student's work). The manifest itself must still
+    match, so a solution changed without `make stubs` is caught either way.
+    """
     problems = []
-    wanted = generate(solutions)
+    manifest = steps / MANIFEST
+    recorded = json.loads(manifest.read_text()) if manifest.exists() else {}
+    level = recorded.get(LEVEL_KEY, "guided")
+    wanted = generate(solutions, level)
     for rel, text in wanted.items():
         p = steps / rel
         if not p.exists():
             problems.append(f"steps/{rel} is missing")
-        elif p.read_text() != text:
+        elif p.read_text() != text and not (allow_edits and recorded.get(rel) == _sha(text)):
             problems.append(f"steps/{rel} differs from the stub generated from solutions/{rel}")
     for p in sorted(steps.rglob("*")):
         if p.is_file() and p.suffix in COPIED and "__pycache__" not in p.parts:
             rel = p.relative_to(steps).as_posix()
             if rel not in wanted:
                 problems.append(f"steps/{rel} has no counterpart in solutions/")
-    manifest = steps / MANIFEST
-    if not manifest.exists() or json.loads(manifest.read_text()) != {r: _sha(t) for r, t in wanted.items()}:
+    if not manifest.exists() or recorded != _manifest(wanted, level):
         problems.append(f"steps/{MANIFEST} is stale")
     return problems
 
 
-def write(solutions: Path = SOLUTIONS, steps: Path = STEPS_DIR, force: bool = False) -> list[str]:
+LEVEL_KEY = "_level"
+
+
+def _manifest(wanted: dict[str, str], level: str) -> dict[str, str]:
+    m = {r: _sha(t) for r, t in wanted.items()}
+    if level != "guided":
+        m[LEVEL_KEY] = level
+    return m
+
+
+def write(solutions: Path = SOLUTIONS, steps: Path = STEPS_DIR, force: bool = False,
+          level: str = "guided") -> list[str]:
     """Write the stubs; refuse (StubError) to overwrite a file its owner has edited."""
-    wanted = generate(solutions)
+    wanted = generate(solutions, level)
     manifest_path = steps / MANIFEST
     recorded = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     edited = []
@@ -167,7 +212,7 @@ def write(solutions: Path = SOLUTIONS, steps: Path = STEPS_DIR, force: bool = Fa
         if not p.exists() or p.read_text() != text:
             p.write_text(text)
             written.append(rel)
-    manifest_path.write_text(json.dumps({r: _sha(t) for r, t in wanted.items()}, indent=1, sort_keys=True) + "\n")
+    manifest_path.write_text(json.dumps(_manifest(wanted, level), indent=1, sort_keys=True) + "\n")
     return written
 
 
@@ -177,6 +222,8 @@ def main(argv=None):
     ap.add_argument("--force", action="store_true", help="overwrite stubs even where they were edited")
     ap.add_argument("--solutions", type=Path, default=SOLUTIONS)
     ap.add_argument("--steps", type=Path, default=STEPS_DIR)
+    ap.add_argument("--level", choices=LEVELS, default="guided",
+                    help="guided: every region keeps its hint; hard: signatures, docstrings and the contract only")
     args = ap.parse_args(argv)
     if args.check:
         problems = drift(args.solutions, args.steps)
@@ -186,7 +233,7 @@ def main(argv=None):
             print("run `make stubs` to regenerate steps/ from solutions/")
         return 1 if problems else 0
     try:
-        written = write(args.solutions, args.steps, force=args.force)
+        written = write(args.solutions, args.steps, force=args.force, level=args.level)
     except StubError as e:
         print(f"stubgen: {e}", file=sys.stderr)
         return 2

@@ -42,7 +42,7 @@ RULES = {
 class StepSpec:
     kinds: tuple[str, ...]           # group kinds the step supports
     rules: tuple[str, ...]           # keys of RULES; any broken rule scores the whole step 0
-    runs_on: str = "cpu"             # "cpu": fp32 on the CPU (lowp on a GPU if any);
+    runs_on: str = "cpu"             # "cpu": fp32 on the CPU (lowp: fp16 on the CPU, fp16 + bf16 on a GPU if any);
                                      # "triton": a GPU if any, else the Triton interpreter on the CPU;
                                      # "cuda": a GPU only (the step is not graded without one)
     lse_fn: str = "attention_with_lse"
@@ -63,6 +63,9 @@ STEP_SPECS: dict[int, StepSpec] = {
     # wider than the sequence); step 08's Function saves its LSE as (H, total_q), so no autograd group.
     8: StepSpec(_BASE + ("lse",), ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
     9: StepSpec(_FLASH, ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
+    # 10: graded through `attention` in one process (a ring of one: the local block and the merge);
+    # the ring itself across ranks is tests/test_step10_ring.py's, not yet a grader group.
+    10: StepSpec(_BASE, ("no_reference", "no_sdpa")),
 }
 assert set(STEP_SPECS) == set(STEPS)
 
@@ -160,10 +163,14 @@ def _inputs(case: Case, seed: int, dtype, requires_dout=True):
 
 def placement(spec: StepSpec, has_gpu: bool, kind: str) -> list[tuple[str, torch.dtype]] | None:
     """(device, dtype) pairs a group kind runs on, or None when it cannot run here."""
-    if kind in ("lowp", "speed"):
-        if not has_gpu:
-            return None
-        return [("cuda", torch.float16), ("cuda", torch.bfloat16)] if kind == "lowp" else [("cuda", torch.float16)]
+    if kind == "lowp":
+        if has_gpu:
+            return [("cuda", torch.float16), ("cuda", torch.bfloat16)]
+        # fp16 on a CPU: PyTorch computes in it, and so does Triton's interpreter; its bf16 tl.dot is
+        # wrong (attnlib.cases.INTERPRETER_BF16_SKIP), so bf16 waits for a GPU.
+        return [("cpu", torch.float16)] if spec.runs_on in ("cpu", "triton") else None
+    if kind == "speed":
+        return [("cuda", torch.float16)] if has_gpu else None
     if spec.runs_on == "cuda":
         return [("cuda", torch.float16)] if has_gpu else None
     if spec.runs_on == "triton" and has_gpu:

@@ -168,3 +168,154 @@ def test_live_bytes_sees_the_score_matrix_and_its_release():
     assert w.largest == 2 * 256 * 256 * 4
     assert w.peak >= 2 * w.largest                   # S and softmax(S) alive together
     assert w.live == o.untyped_storage().nbytes()    # only O is still alive
+
+
+# ---------------------------------------------------------------------------
+# Diagnosis order: forward, then the LSE, then the backward
+# ---------------------------------------------------------------------------
+
+def _scores64(q, k, scale, is_causal):
+    s = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril().logical_not(), -math.inf)
+    return s
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_diagnosis_names_every_lse_bug(is_causal):
+    from attnlib.diagnose import lse_bugs
+    q, k, v = make_qkv(1, 2, 37, 45, 16, dtype=torch.float64)
+    s = _scores64(q, k, 0.25, is_causal)
+    bugs = lse_bugs(s)
+    assert len({d for d, _ in bugs}) == len(bugs) >= 7
+    for desc, wrong in bugs:
+        hint = likely_bug("lse", wrong.float(), q, k, v, is_causal=is_causal, scale=0.25, row_dim=-1, tile=16)
+        assert hint is not None and hint.startswith(desc), f"{desc!r} was diagnosed as {hint!r}"
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("which", ["dq", "dk", "dv"])
+def test_backward_from_a_wrong_lse_blames_the_lse(which, is_causal):
+    """O is right, the LSE is not: the backward's gradients are wrong, and the hint says the LSE."""
+    from attnlib.diagnose import _grads_from_p, lse_bugs
+    q, k, v = make_qkv(1, 2, 24, 20, 16, dtype=torch.float64)
+    do = make_dout(q)
+    s = _scores64(q, k, 0.25, is_causal)
+    o = torch.softmax(s, -1) @ v
+    for desc, wrong in lse_bugs(s):
+        grads = _grads_from_p(torch.exp(s - wrong[..., None]), q, k, v, do, o, 0.25)
+        g = grads[("dq", "dk", "dv").index(which)]
+        hint = likely_bug(which, g.float(), q, k, v, is_causal=is_causal, scale=0.25, dout=do, tile=16)
+        assert hint is not None and "The LSE is wrong; fix it" in hint and desc in hint, (desc, hint)
+
+
+def test_relative_error_is_never_nan():
+    """A reference that is 0 everywhere (dK with one key) has no relative error to print."""
+    ref = torch.zeros(2, 5, 8, dtype=torch.float64)
+    with pytest.raises(CompareError) as e:
+        assert_close(torch.ones(2, 5, 8), ref, name="dK")
+    assert "nan" not in str(e.value).lower() and "no relative error" in str(e.value)
+    assert e.value.stats.max_rel is None
+    ref = torch.randn(2, 5, 8, dtype=torch.float64)
+    ref[0, 0, 0] = 0.0
+    bad = ref.float() + 1.0
+    with pytest.raises(CompareError) as e:
+        assert_close(bad, ref)
+    assert "nan" not in str(e.value).lower() and "inf" not in str(e.value).lower()
+
+
+def test_tile_in_a_hint_is_the_one_that_reproduces_the_bug():
+    """With the tile unknown, the hint names the size whose simulation matches, never the first one tried."""
+    q, k, v = make_qkv(1, 2, 100, 100, 16, dtype=torch.float64)
+    out = flash_sim(q, k, v, 0.25, False, 32, rescale_acc=False)[0]
+    hint = likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25)
+    assert "not rescaled" in hint and "Bk=32" in hint and "16" not in hint, hint
+    # Nk = 40: dropping keys 32-39 is what Bk=16 and Bk=32 both do; the hint must not pick 16 for
+    # a kernel with 32-wide tiles, so it names both.
+    q, k, v = make_qkv(1, 2, 30, 40, 16, dtype=torch.float64)
+    out = flash_sim(q, k, v, 0.25, False, 32, drop_partial_k=True)[0]
+    hint = likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25)
+    assert "partial key tile" in hint and "Bk=16 or 32" in hint, hint
+
+
+def test_no_partial_tile_guess_without_the_tile():
+    """Errors only in rows 64-99 of 100 are reported as rows, not blamed on a guessed 64-row tile."""
+    q, k, v = make_qkv(1, 2, 100, 100, 16, dtype=torch.float64)
+    out = reference_attention(q, k, v, False, 0.25)[0].clone()
+    out[..., 64:, :] += 0.5 * torch.randn(out[..., 64:, :].shape, dtype=out.dtype)
+    assert likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25) is None
+    hint = likely_bug("o", out.float(), q, k, v, is_causal=False, scale=0.25, tile=64)
+    assert hint and "rows 64-99" in hint
+
+
+def test_query_and_key_tiles_are_told_apart():
+    """Bq = 32, Bk = 16: a dK that keeps only the last query tile is named with the caller's Bq."""
+    q, k, v = make_qkv(1, 2, 70, 40, 16, dtype=torch.float64)
+    do = make_dout(q)
+    p = torch.softmax(q @ k.transpose(-2, -1) * 0.25, -1)
+    o = p @ v
+    ds = p * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
+    keep = ((torch.arange(70) // 32) == (69 // 32))[:, None]          # rows 64-69, the last tile of 32
+    dk = 0.25 * (ds * keep).transpose(-2, -1) @ q
+    hint = likely_bug("dk", dk.float(), q, k, v, is_causal=False, scale=0.25, dout=do, tile=16, tile_q=32)
+    assert hint and "Bq=32" in hint, hint
+    wrong = likely_bug("dk", dk.float(), q, k, v, is_causal=False, scale=0.25, dout=do, tile=16)
+    assert wrong is None or "Bq=32" not in wrong          # with Bq taken to be 16 it cannot name 32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the report is checked on the interpreter's errors")
+def test_triton_error_report_is_short_and_names_the_fix(tmp_path):
+    """A Triton kernel error: the message, the failing line of the implementation, the one-line fix."""
+    import importlib.util
+    from attnlib.diagnose import triton_report
+    src = tmp_path / "kern.py"
+    src.write_text(
+        "import triton, triton.language as tl\n"
+        "@triton.jit\n"
+        "def k(A, B, O, N: tl.constexpr):\n"
+        "    r = tl.arange(0, N)\n"
+        "    a = tl.load(A + r[:, None] * N + r[None, :])\n"
+        "    b = tl.load(B + r[:, None] * N + r[None, :])\n"
+        "    tl.store(O + r[:, None] * N + r[None, :], tl.dot(a, b))\n")
+    spec = importlib.util.spec_from_file_location("kern_under_test", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a, b = torch.randn(16, 16), torch.randn(16, 16).half()
+    with pytest.raises(Exception) as e:
+        mod.k[(1,)](a, b, torch.empty(16, 16), N=16)
+    import os
+    old = os.environ.get("ATTN_IMPL")
+    os.environ["ATTN_IMPL"] = str(tmp_path)
+    try:
+        text = triton_report(e.value)
+    finally:
+        os.environ["ATTN_IMPL"] = old or "steps"
+    assert text is not None and len(text.splitlines()) <= 8, text
+    assert "Both operands must be same dtype" in text
+    assert "kern.py:7 in k: tl.store(O + r[:, None] * N + r[None, :], tl.dot(a, b))" in text
+    assert "likely fix: tl.dot takes two operands of one dtype" in text
+    assert triton_report(ValueError("not a kernel")) is None
+
+
+def test_launched_tiles_records_the_kernels_own_tile_sizes():
+    """attnlib.diagnose.launched_tiles: the BLOCK_* of each launch, agreed values only, run restored."""
+    import triton
+    import triton.language as tl
+    from attnlib.diagnose import launched_tiles
+
+    @triton.jit
+    def copy(X, Y, N, BLOCK_N: tl.constexpr):
+        r = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(Y + r, tl.load(X + r, mask=r < N), mask=r < N)
+
+    x, y = torch.arange(40.0), torch.empty(40)
+    run_before = type(copy).run
+    with launched_tiles() as t:
+        copy[(3,)](x, y, 40, BLOCK_N=16)
+        copy[(2,)](x, y, 40, 32)                            # positional: bound by the kernel's arg names
+    assert type(copy).run is run_before
+    assert torch.equal(x, y)
+    assert t.kernels == {"copy": {"BLOCK_N": 16}} and t.get("BLOCK_N") is None   # 16 then 32: no single tile
+    with launched_tiles() as t:
+        copy[(2,)](x, y, 40, BLOCK_N=32)
+    assert t.get("BLOCK_N") == 32

@@ -1,31 +1,154 @@
-"""Every notebook runs top to bottom on a CPU, against solutions/, at small sizes."""
+"""The notebooks: their text sources, the one switch, and a run of each from notebooks/.
+
+Each notebook's source is ``notebooks/NN_name.py`` (jupytext percent format), paired with the
+``NN_name.ipynb`` that Jupyter opens; `make notebooks` writes the .ipynb from the .py.
+"""
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+from attnlib.nb import SWITCH
+
+REPO = Path(__file__).resolve().parent.parent
+NB_DIR = REPO / "notebooks"
+NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
+SOURCES = sorted(NB_DIR.glob("[0-9][0-9]_*.py"))
 
 
-@pytest.mark.slow
+def _env_without_pythonpath(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra)
+    return env
+
+
+def test_every_notebook_has_a_text_source():
+    assert NOTEBOOKS, "no notebooks found"
+    assert [p.stem for p in NOTEBOOKS] == [p.stem for p in SOURCES], (
+        "each notebooks/NN_name.ipynb is written from notebooks/NN_name.py (jupytext percent format): "
+        f"notebooks {[p.stem for p in NOTEBOOKS]}, sources {[p.stem for p in SOURCES]}")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs(path, tmp_path):
+def test_notebook_matches_its_source(path):
+    """The .ipynb holds exactly the cells of its .py source, with no outputs."""
+    jupytext = pytest.importorskip("jupytext")
     nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
+    src = jupytext.read(path.with_suffix(".py"))
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not cell.get("outputs"), f"{path.name}: commit notebooks without outputs (clear them)"
-    env = dict(os.environ, ATTN_IMPL="solutions", MPLBACKEND="Agg",
-               PYTHONPATH=str(path.parent.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    got = [(c.cell_type, c.source) for c in nb.cells]
+    want = [(c.cell_type, c.source) for c in src.cells]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, (f"{path.name} cell {i} differs from {path.stem}.py: edit the .py and run "
+                        f"`make notebooks`\n  .ipynb: {g[1][:200]!r}\n  .py:    {w[1][:200]!r}")
+    assert len(got) == len(want), (f"{path.name} has {len(got)} cells, {path.stem}.py {len(want)}: "
+                                   "run `make notebooks`")
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_one_switch_in_every_notebook(path):
+    """The first code cell starts with the same IMPL switch everywhere (attnlib.nb.SWITCH)."""
+    jupytext = pytest.importorskip("jupytext")
+    code = [c.source for c in jupytext.read(path).cells if c.cell_type == "code"]
+    assert code and code[0].startswith(SWITCH), (
+        f"{path.name}: the first code cell must start with the switch in attnlib/nb.py (SWITCH):\n{SWITCH}\n"
+        f"it starts with:\n{code[0][:300] if code else '(no code cell)'}")
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_no_notebook_reads_solutions_behind_the_switch(path):
+    """With IMPL = "steps" a notebook must not show the code the student is about to write."""
+    text = path.read_text()
+    for needle in ('"solutions"', "'solutions'", "solutions/"):
+        for line in text.splitlines():
+            if needle in line and not line.lstrip().startswith("#"):
+                pytest.fail(f"{path.name} names solutions/ in code: {line.strip()!r}; read files through "
+                            "attnlib.nb.show_region or load_step, which follow IMPL")
+
+
+@pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/")
+def test_show_region_follows_impl(tmp_path):
+    """Notebook 07's regions: a TODO from a stub, the code from solutions/; never solutions' code for a stub.
+    (Pristine stubs, generated into a temporary folder: your own steps/ may hold your code.)"""
+    from attnlib import stubgen
+    from attnlib.nb import show_region
+    stubgen.write(stubgen.SOLUTIONS, tmp_path / "steps")
+    sol = show_region("step07_fwd_v1.cu", "online softmax", impl="solutions")
+    stub = show_region("step07_fwd_v1.cu", "online softmax", impl=tmp_path / "steps")
+    assert ">>> STUDENT" in sol and "fmaxf" in sol
+    assert "TODO(Step 07): online softmax" in stub
+    code = [line.strip() for line in sol.splitlines()[1:-1] if len(line.strip()) > 3 and not line.strip().startswith("//")]
+    leaked = [line for line in code if line in stub]
+    assert not leaked, f"with IMPL = steps the region shows solution lines: {leaked}"
+
+
+def test_attnlib_imports_from_notebooks_without_pythonpath():
+    """`make setup` installs the course in editable mode: attnlib imports from notebooks/ alone."""
+    r = subprocess.run([sys.executable, "-c", "import attnlib.nb, attnlib.loader; print(attnlib.loader.REPO)"],
+                       cwd=NB_DIR, env=_env_without_pythonpath(), capture_output=True, text=True)
+    assert r.returncode == 0, ("`import attnlib` fails from notebooks/ without PYTHONPATH: run `make setup` "
+                               f"(it runs `pip install -e .`)\n{r.stderr[-2000:]}")
+    assert Path(r.stdout.strip()) == REPO, f"attnlib comes from {r.stdout.strip()}, not this checkout {REPO}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/ to run them on")
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs(path):
+    """Executed as Jupyter would from notebooks/, with no PYTHONPATH, against solutions/ (small sizes)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.read(path, as_version=4)
     old = dict(os.environ)
+    env = _env_without_pythonpath(ATTN_IMPL="solutions", MPLBACKEND="Agg")     # before the clear below
+    os.environ.clear()
     os.environ.update(env)
     try:
         client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                         resources={"metadata": {"path": str(path.parent)}})
+                                         resources={"metadata": {"path": str(NB_DIR)}})
         client.execute()
     finally:
         os.environ.clear()
         os.environ.update(old)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_notebook_ends_with_references_and_exercises(path):
+    """Every notebook ends with its references and two or three exercises, answered in solutions/EXERCISES.md."""
+    import re
+    text = path.read_text()
+    refs, ex = text.rfind("# ## References"), text.rfind("# ## Exercises")
+    assert 0 < refs < ex, f"{path.name}: end with '## References' then '## Exercises'"
+    for must in ("2205.14135", "2307.08691", "2407.08608", "06-fused-attention", "assignment2-systems"):
+        assert must in text[refs:ex], f"{path.name}: the references lack {must}"
+    n_ex = len(re.findall(r"^# (\d)\. ", text[ex:], flags=re.M))
+    assert 2 <= n_ex <= 3, f"{path.name}: {n_ex} exercises"
+    answers = REPO / "solutions" / "EXERCISES.md"
+    if answers.exists():
+        section = re.search(rf"^## {path.stem[:2]} .*?(?=^## |\Z)", answers.read_text(), flags=re.M | re.S)
+        assert section, f"solutions/EXERCISES.md has no section '## {path.stem[:2]} ...'"
+        n_ans = len(re.findall(r"^(\d)\. ", section.group(0), flags=re.M))
+        assert n_ans == n_ex, f"{path.name}: {n_ex} exercises, {n_ans} answers in solutions/EXERCISES.md"
+
+
+@pytest.mark.slow
+def test_executed_copy_names_its_machine(tmp_path):
+    """`make executed` (attnlib.nb.execute): outputs kept, a first cell naming machine and date."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    from attnlib.nb import execute, machine
+    src = tmp_path / "src" / "99_tiny.ipynb"
+    src.parent.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("import os, attnlib\nprint(os.environ['ATTN_IMPL'], 6 * 7)")]
+    nbformat.write(nb, src)
+    out = nbformat.read(execute(src, tmp_path / "executed" / src.name), as_version=4)
+    assert out.cells[0].cell_type == "markdown" and machine() in out.cells[0].source and "UTC" in out.cells[0].source
+    assert "solutions 42" in out.cells[1].outputs[0]["text"]

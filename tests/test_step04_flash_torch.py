@@ -50,6 +50,24 @@ def _tile_arg(bq, bk):
 # 1. Values
 # ---------------------------------------------------------------------------
 
+# The LSE before the values that depend on it: the backward rebuilds P from it, so a wrong LSE
+# shows first as itself, not as wrong gradients.
+@pytest.mark.parametrize("device,dtype", device_dtype_params(), ids=lambda x: str(x).replace("torch.", ""))
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_lse(load, case, is_causal, device, dtype):
+    """The forward's O, then its LSE: the order in which a bug travels."""
+    m = load(4)
+    q, k, v = _qkv(case, device, dtype)
+    check_attention(partial(m.attention, block_q=16, block_k=16), q, k, v, is_causal=is_causal,
+                    grads=False, tile=16)
+    o, lse = m.attention_with_lse(q, k, v, is_causal=is_causal, block_q=16, block_k=16)
+    assert o.shape == q.shape, f"attention_with_lse must return (O, LSE); O is {tuple(o.shape)}"
+    assert lse.shape == q.shape[:-1], (
+        f"the LSE must be shaped (..., Nq) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
+    check_lse(lse, q, k, v, is_causal=is_causal, tile=16)
+
+
 @pytest.mark.parametrize("device,dtype", device_dtype_params(), ids=lambda x: str(x).replace("torch.", ""))
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"bq{t[0]}-bk{t[1]}")
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -60,19 +78,6 @@ def test_forward_backward(load, case, is_causal, tiles, device, dtype):
     q, k, v = _qkv(case, device, dtype)
     check_attention(partial(m.attention, block_q=bq, block_k=bk), q, k, v,
                     is_causal=is_causal, tile=_tile_arg(bq, bk))
-
-
-@pytest.mark.parametrize("device,dtype", device_dtype_params(), ids=lambda x: str(x).replace("torch.", ""))
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_lse(load, case, is_causal, device, dtype):
-    m = load(4)
-    q, k, v = _qkv(case, device, dtype)
-    o, lse = m.attention_with_lse(q, k, v, is_causal=is_causal, block_q=16, block_k=16)
-    assert o.shape == q.shape, f"attention_with_lse must return (O, LSE); O is {tuple(o.shape)}"
-    assert lse.shape == q.shape[:-1], (
-        f"the LSE must be shaped (..., Nq) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
-    check_lse(lse, q, k, v, is_causal=is_causal, tile=16)
 
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])

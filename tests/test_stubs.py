@@ -10,12 +10,29 @@ from attnlib import stubgen
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/")
+NO_SOLUTIONS = pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/")
+
+
+@NO_SOLUTIONS
 def test_steps_are_generated_from_solutions():
-    problems = stubgen.drift()
-    assert not problems, ("steps/ has drifted from solutions/ (run `make stubs`; if steps/ holds your "
-                          "own work, this test guards the course's source, not your grade):\n  "
-                          + "\n  ".join(problems))
+    """steps/ was generated from today's solutions/. Your own edits in steps/ are allowed here (the
+    manifest tells them apart); `make check-stubs` is the strict check for the course's authors."""
+    problems = stubgen.drift(allow_edits=True)
+    assert not problems, ("steps/ has drifted from solutions/: run `make stubs` (it refuses to overwrite "
+                          "files you have edited):\n  " + "\n  ".join(problems))
+
+
+def test_a_students_edit_is_not_drift(tmp_path):
+    sol, steps = tmp_path / "solutions", tmp_path / "steps"
+    sol.mkdir()
+    (sol / "step01_naive.py").write_text("def f():\n    # >>> STUDENT: do it\n    return 1\n    # <<< STUDENT\n")
+    stubgen.write(sol, steps)
+    (steps / "step01_naive.py").write_text("def f():\n    return 1  # my work\n")
+    assert stubgen.drift(sol, steps, allow_edits=True) == []
+    assert stubgen.drift(sol, steps)                                  # the strict check still sees it
+    # A solution changed without `make stubs` is drift, edits or not.
+    (sol / "step01_naive.py").write_text("def f():\n    # >>> STUDENT: do it now\n    return 1\n    # <<< STUDENT\n")
+    assert any("stale" in p for p in stubgen.drift(sol, steps, allow_edits=True))
 
 
 def test_region_becomes_a_raise_with_the_hint():
@@ -77,17 +94,50 @@ def test_refuses_to_overwrite_edits(tmp_path):
     assert stubgen.write(sol, steps) == ["step01_naive.py"]
 
 
-def test_pristine_stubs_raise_not_implemented():
-    """Every stub imports, and its student regions raise NotImplementedError (never another error)."""
+@NO_SOLUTIONS
+@pytest.mark.parametrize("level", stubgen.LEVELS)
+def test_pristine_stubs_raise_not_implemented(tmp_path, level):
+    """Every stub imports, and its student regions raise NotImplementedError (never another error).
+
+    The stubs are generated afresh into a temporary folder: your edits in steps/ are not tested here."""
     from attnlib import make_qkv
     from attnlib.contract import STEPS
     from attnlib.loader import load_step
+    pristine = tmp_path / "steps"
+    stubgen.write(stubgen.SOLUTIONS, pristine, level=level)
+    assert stubgen.drift(stubgen.SOLUTIONS, pristine) == []
     q, k, v = make_qkv(1, 1, 8, 8, 16)
     for n, (mod, _) in STEPS.items():
-        if not (REPO / "steps" / f"{mod}.py").exists():
-            continue
-        step = load_step(n, REPO / "steps")      # import must succeed
+        step = load_step(n, pristine)            # import must succeed
         if n >= 7:
             continue                             # needs a GPU to get as far as a student region
         with pytest.raises(NotImplementedError, match=f"Step {n:02d}"):
             step.attention(q, k, v)
+
+
+def test_hard_track_keeps_signatures_and_drops_hints():
+    src = ('def f(x):\n'
+           '    """Return x plus one."""\n'
+           '    y = 1\n'
+           '    # >>> STUDENT: return x plus y, the hint\n'
+           '    return x + y\n'
+           '    # <<< STUDENT\n')
+    out = stubgen.make_stub(src, "step04_flash_torch.py", level="hard")
+    assert "def f(x):" in out and '"""Return x plus one."""' in out and "y = 1" in out
+    assert "the hint" not in out and "return x + y" not in out
+    assert "raise NotImplementedError('Step 04: f (hard track: its docstring is the spec)')" in out
+    c = stubgen.make_stub("void k() {\n    // >>> STUDENT: the hint\n    // STUB: int a = 0;\n"
+                          "    int a = 1;\n    // <<< STUDENT\n}\n", "csrc/step07_x.cu", level="hard")
+    assert "the hint" not in c and "    // TODO(Step 07)\n    int a = 0;" in c
+
+
+@NO_SOLUTIONS
+def test_hard_track_leaves_no_region_hint_anywhere(tmp_path):
+    import re
+    stubgen.write(stubgen.SOLUTIONS, tmp_path, level="hard")
+    for rel in stubgen.generate():
+        sol = (stubgen.SOLUTIONS / rel).read_text()
+        hints = re.findall(r"(?:#|//) >>> STUDENT:\s*(.*)", sol)
+        stub = (tmp_path / rel).read_text()
+        for h in hints:
+            assert h.strip() not in stub, f"{rel}: the hard stub still says {h.strip()!r}"

@@ -1,0 +1,331 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Step 05 — the forward pass as a Triton kernel
+#
+# Step 04 ran FlashAttention-2's forward as PyTorch operations on tiles: every tile operation was a
+# separate kernel that wrote its result to memory. A Triton kernel is one program per tile of
+# queries that keeps the Q tile, the running max $m$, the running sum $\ell$ and the output
+# accumulator **on chip** for the whole loop over key tiles, and writes only $O$ and the LSE.
+#
+# In this notebook you will:
+# 1. write a one-tile attention kernel, launch it, and watch it fail when the keys need two tiles;
+# 2. print from inside a kernel (on a laptop, Triton runs kernels in its *interpreter*);
+# 3. see why the kernel works in base 2 (`exp2`, with $\log_2 e$ folded into the scale);
+# 4. check your `steps/step05_triton_fwd.py` against the float64 reference;
+# 5. count the causal tiles that are skipped and the ones that are masked;
+# 6. see what tile sizes, warps and pipeline stages do on an H200, and the recorded speeds.
+#
+# Without a GPU, `setup()` sets `TRITON_INTERPRET=1` before anything imports Triton: kernels then
+# run as NumPy code, one program after another (slow, but you can print and step through them).
+# The interpreter's bf16 `tl.dot` is wrong, so on a CPU use fp32 or fp16.
+
+# %%
+# The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
+import os
+IMPL = os.environ.get("ATTN_IMPL", "steps")
+
+from attnlib.nb import setup
+load_step, device, small = setup(IMPL)
+
+# %%
+import json, math, os
+import torch
+import triton
+import triton.language as tl
+import matplotlib.pyplot as plt
+from attnlib import make_qkv, reference_attention
+from attnlib.checks import check_attention, check_lse
+from attnlib.compare import assert_close, CompareError
+from attnlib.nb import REPO
+step05 = load_step(5)
+RESULTS = REPO / "results" / "h200"
+print("Triton", triton.__version__, "| interpreter:", os.environ.get("TRITON_INTERPRET") == "1")
+
+
+# %% [markdown]
+# ## 1. A one-tile kernel
+#
+# The smallest useful Triton program: `tl.program_id(0)` says which tile of query rows this program
+# owns; `tl.arange` builds the row and column indices; `tl.load` with a **mask** reads the rows that
+# exist (and `other=0.0` for the rest, so a partial last tile is safe); `tl.dot` multiplies tiles.
+# If every key fits in one tile of `BLOCK_N` rows, a plain softmax over that tile is the whole job.
+
+# %%
+@triton.jit
+def one_tile_kernel(Q, K, V, O, N_Q, N_K, scale,
+                    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)      # this program's query rows
+    keys = tl.arange(0, BLOCK_N)                                     # ALL the keys: one tile
+    d = tl.arange(0, D)
+    q = tl.load(Q + rows[:, None] * D + d[None, :], mask=rows[:, None] < N_Q, other=0.0)
+    k = tl.load(K + keys[:, None] * D + d[None, :], mask=keys[:, None] < N_K, other=0.0)
+    v = tl.load(V + keys[:, None] * D + d[None, :], mask=keys[:, None] < N_K, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale       # (BLOCK_M, BLOCK_N)
+    s = tl.where(keys[None, :] < N_K, s, float("-inf"))             # padded keys are not keys
+    p = tl.exp(s - tl.max(s, 1)[:, None])
+    o = tl.dot(p, v, input_precision="ieee") / tl.sum(p, 1)[:, None]
+    tl.store(O + rows[:, None] * D + d[None, :], o, mask=rows[:, None] < N_Q)
+
+
+def one_tile_attention(q, k, v, BLOCK_M=16, BLOCK_N=64):
+    # q, k, v: (N, D) contiguous fp32, one head
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(q.shape[0], BLOCK_M),)
+    one_tile_kernel[grid](q, k, v, o, q.shape[0], k.shape[0], q.shape[1] ** -0.5,
+                          D=q.shape[1], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    return o
+
+
+q, k, v = (t[0, 0].contiguous() for t in make_qkv(1, 1, 40, 40, 32, device=device))
+assert_close(one_tile_attention(q, k, v), reference_attention(q, k, v)[0], name="O")
+print("40 keys in one tile of 64: matches the reference")
+
+# %% [markdown]
+# With 100 keys the tile of 64 sees only the first 64, and the answer is silently wrong. Making
+# `BLOCK_N` as large as N does not scale: the S tile lives in registers, and a GPU program has a few
+# hundred registers per thread. The fix is step 04's loop over key tiles with the online softmax,
+# which is exactly what `_fwd_inner` in `step05_triton_fwd.py` does.
+
+# %%
+q, k, v = (t[0, 0].contiguous() for t in make_qkv(1, 1, 40, 100, 32, device=device))
+try:
+    assert_close(one_tile_attention(q, k, v), reference_attention(q, k, v)[0], name="O",
+                 context="100 keys, one tile of 64")
+except CompareError as e:
+    print(str(e).splitlines()[0])
+    print(str(e).splitlines()[1])
+
+
+# %% [markdown]
+# ## 2. Printing inside a kernel
+#
+# - `tl.static_print(...)` runs when the kernel is **compiled**: it shows types, shapes and
+#   `constexpr` values (in the interpreter, at every launch).
+# - `tl.device_print("name", x)` runs when the kernel **runs**, in every program. On a GPU the
+#   output comes from the device after the kernel finishes (in a terminal; Jupyter may not show it).
+# - In the interpreter the kernel is ordinary Python: `print(x)` and `breakpoint()` work too. Launch
+#   one program (`grid = (1,)`) and a tiny input, or you will read thousands of lines.
+#
+# Here, the online-softmax statistics of one row, tile by tile:
+
+# %%
+@triton.jit
+def running_max_kernel(X, N, BLOCK: tl.constexpr):
+    m = tl.full([1], float("-inf"), tl.float32)
+    l = tl.zeros([1], tl.float32)
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(X + offs, mask=offs < N, other=float("-inf"))
+        tl.static_print("the tile:", x)                      # a type and a shape, at compile time
+        m_new = tl.maximum(m, tl.max(x, 0))
+        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), 0)
+        m = m_new
+        tl.device_print("m, l after this tile", m, l)      # values, at run time
+
+
+x = torch.tensor([0.5, -1.0, 2.0, 0.0, 3.5, 1.0, -2.0, 3.0], device=device)
+running_max_kernel[(1,)](x, x.numel(), BLOCK=4)
+if device == "cuda":
+    torch.cuda.synchronize()
+print("torch:  m =", x.max().item(), " l =", torch.exp(x - x.max()).sum().item())
+
+# %% [markdown]
+# ## 3. Why base 2
+#
+# $e^{x} = 2^{x \log_2 e}$. The kernel multiplies the scores by `scale * log2(e)` once (the scale
+# multiply was there anyway), keeps $m$ in base-2 units and calls `exp2`, which is the GPU's native
+# special-function instruction (`MUFU.EX2`; `exp` is `exp2` plus a multiply). The maximum and the
+# sum do not care about the base, so only the stored LSE is converted back:
+# $\mathrm{LSE} = (m_2 + \log_2 \ell)\,\ln 2$.
+
+# %%
+s = torch.randn(6, dtype=torch.float64) * 3
+LOG2E = 1 / math.log(2)
+s2 = s * LOG2E                                           # scores in base-2 units
+m2 = s2.max()
+l = torch.exp2(s2 - m2).sum()
+print("softmax, base e:", torch.softmax(s, 0)[:3].numpy())
+print("softmax, base 2:", (torch.exp2(s2 - m2) / l)[:3].numpy())
+print("LSE:", torch.logsumexp(s, 0).item(), "=", ((m2 + torch.log2(l)) * math.log(2)).item())
+
+# %% [markdown]
+# ## 4. Check your kernel
+#
+# `attention_with_lse` returns $O$ and the LSE; both are compared with the float64 reference. The
+# shapes are awkward on purpose: 17 and 100 rows are no multiple of a tile, $N_q \ne N_k$, and
+# $D = 80$ is padded to 128 with masked loads. On a CPU the tiles are 32 x 32 (so these small inputs
+# still cross several tiles); on a GPU the tuned table picks them.
+
+# %%
+dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
+for (B, H, nq, nk, d) in [(1, 2, 17, 17, 32), (1, 2, 100, 33, 32), (1, 3, 65, 65, 80)]:
+    for dtype in dtypes:
+        for causal in (False, True):
+            q, k, v = make_qkv(B, H, nq, nk, d, dtype=dtype, device=device)
+            o, lse = step05.attention_with_lse(q, k, v, is_causal=causal)
+            check_attention(lambda *a, **kw: step05.attention_with_lse(*a, **kw)[0], q, k, v,
+                            is_causal=causal, grads=False)
+            check_lse(lse, q, k, v, is_causal=causal)
+    print(f"q {(B, H, nq, d)}, k {(B, H, nk, d)}: O and LSE match in {[str(t)[6:] for t in dtypes]}")
+
+
+# %% [markdown]
+# ## 5. Which causal tiles run
+#
+# For the query tile starting at row `start_m`, the kernel splits the keys in two stages:
+# `[0, hi_full)`, tiles that every row sees entirely (no mask at all), and `[hi_full, hi)`, the tiles
+# the diagonal crosses (and the last partial tile), with a mask. Tiles past `hi` are never loaded.
+# The same formulas as in the kernel, in Python:
+
+# %%
+def key_stages(start_m, n_k, BLOCK_M, BLOCK_N, causal):
+    if causal:
+        hi_full = (min(start_m, n_k) // BLOCK_N) * BLOCK_N
+        hi = min(start_m + BLOCK_M, n_k)
+    else:
+        hi_full, hi = (n_k // BLOCK_N) * BLOCK_N, n_k
+    return hi_full // BLOCK_N, -(-(hi - hi_full) // BLOCK_N)      # full tiles, masked tiles
+
+N, BM, BN = 1000, 128, 64
+n_tiles = -(-N // BN)
+print(f"N = {N}, BLOCK_M = {BM}, BLOCK_N = {BN}: {n_tiles} key tiles")
+full = masked = 0
+for start_m in range(0, N, BM):
+    f, m = key_stages(start_m, N, BM, BN, True)
+    full, masked = full + f, masked + m
+    print(f"  query rows {start_m:4d}-{min(start_m + BM, N) - 1:4d}: {f:2d} full + {m} masked, "
+          f"{n_tiles - f - m:2d} skipped")
+total = n_tiles * -(-N // BM)
+print(f"causal computes {full + masked} of {total} tiles ({(full + masked) / total:.0%}); "
+      f"only {masked} need a mask")
+
+# %% [markdown]
+# ## 6. Tile sizes, warps and stages (recorded on an H200)
+#
+# Four knobs, and no formula for them: `BLOCK_M` (query rows per program), `BLOCK_N` (keys per loop
+# step), `num_warps` (threads per program / 32), `num_stages` (how many K/V tiles are loaded ahead,
+# through `cp.async`, while the current one is computed). Registers bound the first two (the fp32
+# accumulator is `BLOCK_M x D`, the scores `BLOCK_M x BLOCK_N`), shared memory bounds the stages.
+# `python bench/triton_gpu.py --tune` timed every candidate on an H200; the winners are the table in
+# `fwd_config`. On a GPU the next cell also times a few candidates live.
+
+# %%
+tuning = json.loads((RESULTS / "triton_gpu_tuning.json").read_text())
+rows = [r for r in tuning["rows"] if r["kind"] == "fwd" and r["N"] == 8192]
+fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+for ax, D in zip(axes, (64, 128)):
+    sel = [r for r in rows if r["D"] == D]
+    cfgs = sorted({tuple(r["config"]) for r in sel}, key=lambda c: c)
+    for off, causal in ((-0.2, False), (0.2, True)):
+        ms = [next(r["ms"] for r in sel if tuple(r["config"]) == c and r["causal"] == causal) for c in cfgs]
+        ax.bar([i + off for i in range(len(cfgs))], ms, width=0.4, label="causal" if causal else "not causal")
+    ax.set_xticks(range(len(cfgs)))
+    ax.set_xticklabels([f"{c[0]}x{c[1]}\nw{c[2]} s{c[3]}" for c in cfgs], fontsize=8)
+    B, H = 16384 // 8192, 2048 // D
+    ax.set_title(f"forward, bf16, B={B} H={H} N=8192 D={D}: ms (lower is better)")
+    ax.legend()
+fig.suptitle(f"{tuning['machine']['gpu']}, {tuning['machine']['date']}, triton {tuning['machine']['triton']}")
+plt.tight_layout()
+plt.show()
+
+# %%
+if device == "cuda":
+    from triton.testing import do_bench
+    q, k, v = make_qkv(2, 32, 8192, 8192, 64, dtype=torch.bfloat16, device=device)
+    for cfg in [(128, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 2), (64, 64, 4, 3), (128, 128, 8, 3)]:
+        c = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), cfg))
+        ms = do_bench(lambda: step05.forward(q, k, v, True, 0.125, config=c), return_mode="median")
+        print(f"{cfg}: {ms:.3f} ms, {2 * 2 * 32 * 8192**2 * 64 / ms * 1e-9:.0f} TFLOP/s (causal)")
+else:
+    print("no GPU: the recorded H200 sweep above is the one to read")
+
+# %% [markdown]
+# ## 7. The recorded H200 figures
+#
+# bf16, FlashAttention's grid (16k tokens per batch: $B = 16384/N$, hidden 2048: $H = 2048/D$),
+# forward only, TFLOP/s counted as FlashAttention counts them ($4BHN^2D$, halved when causal), with
+# PyTorch's FLASH backend (FlashAttention-2) and cuDNN's backend timed in the same run
+# (`results/h200/triton_gpu.json`, written by `bench/triton_gpu.py`).
+
+# %%
+data = json.loads((RESULTS / "triton_gpu.json").read_text())
+m = data["machine"]
+print(f"{m['gpu']}, torch {m['torch']}, triton {m['triton']}, {m['date']}\n")
+by = {(r["impl"], r["mode"], r["B"], r["H"], r["N"], r["D"], r["causal"]): r for r in data["rows"]}
+print(f"{'D':>4} {'causal':>7} {'N':>6} | {'Triton':>7} {'FLASH':>7} {'cuDNN':>7}  TFLOP/s | x FLASH")
+for r in data["rows"]:
+    if r["impl"] == "triton_step05" and r["suite"] == "grid":
+        key = lambda i: by[(i, "fwd", r["B"], r["H"], r["N"], r["D"], r["causal"])]["tflops"]  # noqa: E731
+        print(f"{r['D']:>4} {str(r['causal']):>7} {r['N']:>6} | {r['tflops']:7.0f} {key('sdpa_flash'):7.0f} "
+              f"{key('sdpa_cudnn'):7.0f}          | {r['ratio_to_sdpa_flash']:.2f}")
+fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+for ax, (D, causal) in zip(axes, [(64, False), (64, True), (128, False), (128, True)]):
+    for impl in ("triton_step05", "sdpa_flash", "sdpa_cudnn"):
+        pts = sorted((r["N"], r["tflops"]) for r in data["rows"] if r["impl"] == impl and r["mode"] == "fwd"
+                     and r["D"] == D and r["causal"] == causal and r["suite"] == "grid")
+        ax.plot(*zip(*pts), marker="o", label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"forward, D={D}, {'causal' if causal else 'not causal'}")
+    ax.set_xlabel("N")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(alpha=0.3)
+axes[0].legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The Triton kernel beats PyTorch's FlashAttention-2 backend at every length (1.29-1.45x from
+# N = 2048): FlashAttention-2's CUDA code was written for the A100 and uses its `mma.sync`
+# instructions, while Triton compiles `tl.dot` to Hopper's `wgmma` (check with `cuobjdump --dump-sass`:
+# `HGMMA`). cuDNN's backend is faster still: it uses Hopper's bulk tensor copies (TMA) and warp
+# specialization (some warps only load, others only compute), which this kernel does not.
+#
+# How much would TMA alone buy? `bench/triton_fwd_tma.py` loads Q, K and V through Triton's tensor
+# descriptors (Hopper's TMA) in an otherwise identical kernel. On the H200
+# (`results/h200/triton/README.md`): nothing at D = 64 (1.341 against 1.347 ms on the leaderboard
+# shape, same tiles); at D = 128 it makes 128 x 128 tiles pay, 1.13-1.17x faster than this kernel's
+# table. Turning on Triton's warp specialization as well returned NaN with three pipeline stages and
+# ran slower with two: on Hopper, in Triton 3.6, that part is not ready for this kernel.
+#
+# **Next: step 06**, the backward pass as Triton kernels.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - P. Tillet, H. T. Kung, D. Cox, *Triton: an intermediate language and compiler for tiled neural
+#   network computations*, MAPL 2019, [doi:10.1145/3315508.3329973](https://doi.org/10.1145/3315508.3329973).
+#
+# ## Exercises
+#
+# Answers: `solutions/EXERCISES.md` (not in the student copy).
+#
+# 1. The kernel multiplies the scores by `scale * log2(e)` and calls `exp2`. Why is that the same
+#    softmax, and what must happen to the LSE before it is stored?
+# 2. Causal, $N = 4096$, `BLOCK_M = BLOCK_N = 64`: what fraction of the (query tile, key tile) pairs
+#    does the kernel skip, and how many of the pairs it runs need a mask?
+# 3. The K tile is loaded with `other=0.0` past $N_k$, but the scores of those padded keys are not set
+#    to $-\infty$. What goes wrong in $O$, and in which rows?
