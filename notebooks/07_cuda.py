@@ -372,7 +372,7 @@ if on_gpu:
     for bwd in (1, 2):
         q, k, v = make_qkv(2, 3, 200, 150, 128, dtype=torch.bfloat16, device=device)
         attn = lambda q, k, v, is_causal, scale: step07.FlashAttentionCUDA.apply(
-            q, k, v, is_causal, scale or 128 ** -0.5, 3, 0, bwd)[0]
+            q, k, v, is_causal, scale or 128 ** -0.5, 3, 0, bwd)
         check_attention(attn, q, k, v, is_causal=True)
         print(f"backward v{bwd}: dQ, dK, dV match the float64 reference")
 else:
@@ -384,8 +384,29 @@ show(["sdpa-flash", "step07-bwd1", "step07-bwd2"], mode="bwd")
 # N=1024), 34× the scalar one. The FLOP count credits both with the same work, but the deterministic split
 # does 7 products where FlashAttention-2 does 5: 1.4× the arithmetic, which is consistent with the gap (not
 # measured apart from it).
+
+# %% [markdown]
+# ## 9. The extension as a PyTorch operator
 #
-# ## 9. Where this leaves the course
+# `torch.compile` cannot look inside compiled CUDA: a call into the extension (`build().fwd(...)`) is
+# an opaque C++ function to Dynamo, which breaks the graph there (an error under `fullgraph=True`)
+# and has no way to know the shapes of what comes back. Step 07 therefore wraps the extension in two
+# `torch.library.custom_op`s (`attnlib/ops.py`, `extension_op`):
+#
+# - `step07_fwd(q, k, v, is_causal, scale, version, config) -> (O, LSE)` with a **fake**
+#   implementation that returns empty tensors of the right shapes and dtypes: what the compiler
+#   traces instead of the kernel;
+# - `step07_bwd(q, k, v, o, lse, do, is_causal, scale, bwd_version) -> (dQ, dK, dV)`, and
+#   `register_autograd` on `step07_fwd` so that the forward operator knows its gradient.
+#
+# `FlashAttentionCUDA.apply(q, k, v, is_causal)` is a thin `autograd.Function` over them: the call
+# CS336's harness makes. `tests/test_ops.py` runs `torch.library.opcheck` on both operators and
+# compiles a two-layer block with `fullgraph=True` on the GPU, forward and backward, fp16 and bf16.
+# A C++ registration (`TORCH_LIBRARY` with a Meta kernel) would do the same from the binding; the
+# Python registration keeps the extension's C++ free of it.
+
+# %% [markdown]
+# ## 10. Where this leaves the course
 #
 # | version | D=128, N=16384, bf16, not causal | over the previous |
 # |---|---|---|
