@@ -321,6 +321,11 @@ def namespaces_available() -> bool:
                                                       'test $$ = 1 && ! touch "$0/probe" 2>/dev/null', d],
                                            capture_output=True, timeout=20)
                     _NAMESPACES = probe.returncode == 0 and not os.path.exists(os.path.join(d, "probe"))
+                if _NAMESPACES and torch.cuda.is_available():     # and the GPU still answers inside
+                    gpu = subprocess.run(UNSHARE + [sys.executable, "-c", "import sys, torch; "
+                                                    "sys.exit(0 if torch.cuda.is_available() else 1)"],
+                                         capture_output=True, timeout=120)
+                    _NAMESPACES = gpu.returncode == 0
             except (OSError, subprocess.SubprocessError):
                 _NAMESPACES = False
     return _NAMESPACES
