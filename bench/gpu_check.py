@@ -162,6 +162,8 @@ def main(argv=None) -> int:
                "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                         text=True).stdout.strip() or None}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    from grading.sandbox import namespaces_available
+    summary["grader_worker_namespaces"] = namespaces_available()
 
     log("leaderboard, CS336's harness")
     summary["leaderboard_ms"] = {"cs336_harness": cs336_leaderboard(args.lb_rep_ms, args.lb_warmup_ms)}
