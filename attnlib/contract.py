@@ -32,9 +32,9 @@ STEPS: dict[int, tuple[str, str]] = {
     5: ("step05_triton_fwd", "Triton forward kernel"),
     6: ("step06_triton_bwd", "Triton backward kernels"),
     7: ("step07_cuda", "hand-written CUDA kernels"),
-    8: ("step08_varlen", "ragged batches and grouped-query attention"),
-    9: ("step09_sparse", "sliding window + global tokens (block-sparse)"),
-    10: ("step10_ring", "ring attention across processes (torch.distributed)"),
+    8: ("step08_varlen", "ragged batches and GQA"),
+    9: ("step09_sparse", "sliding window + global tokens"),
+    10: ("step10_ring", "ring attention across processes"),
 }
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

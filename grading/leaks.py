@@ -39,9 +39,10 @@ BINARY = {".png", ".jpg", ".jpeg", ".gif", ".pdf", ".so", ".pyc", ".zip", ".gz",
 
 # (file glob in the checked folder, the solution line as written, why it may appear there)
 ALLOWED = [
-    ("notebooks/06_triton_bwd.ipynb", "lo = (start_n // BLOCK_M) * BLOCK_M",
+    (nb, "lo = (start_n // BLOCK_M) * BLOCK_M",
      "notebook 06, section 2, derives which query tiles a dK/dV program visits in plain Python; "
-     "step 06's region hint states the same formula"),
+     "step 06's region hint states the same formula")
+    for nb in ("notebooks/06_triton_bwd.ipynb", "notebooks/06_triton_bwd.py")    # the notebook and its source
 ]
 
 

@@ -317,9 +317,8 @@ print("\nleaderboard shape, fwd+bwd:", {r["impl"]: round(r["ms"], 2) for r in lb
 # arguments: a Python float such as `qk_scale` becomes `fp64`, not Triton's `fp32`. The scores, the
 # running max and the accumulator follow into fp64, and the first `tl.dot(p, v, acc)` refuses an
 # fp64 accumulator. What a student saw (H200, torch 2.11, before this step was an operator): an
-# `InductorError` raised by Triton's compiler at the line
-# `acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)`, an assertion that the
-# accumulator's type equals the product's output type (fp32). Inductor types Python floats of user
+# `InductorError` raised by Triton's compiler at the `tl.dot(p, v, acc)` of the online softmax, an
+# assertion that the accumulator's type equals the product's output type (fp32). Inductor types Python floats of user
 # kernels as fp64 (`torch/_inductor/codegen/triton_utils.py`, `signature_of`).
 #
 # The fix has two parts. The kernel casts its float arguments on entry (`tl.cast(qk_scale,

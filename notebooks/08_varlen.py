@@ -147,20 +147,29 @@ else:
     print("no H200 run committed yet: python bench/varlen_gpu.py --out results/h200/varlen")
 
 # %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - J. Ainslie et al., *GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+#   Checkpoints*, 2023; N. Shazeer, *Fast Transformer Decoding: One Write-Head is All You Need*, 2019.
+# - FlashAttention's `flash_attn_varlen_func`, for the packed layout this step copies.
+#
 # ## Exercises
 #
 # 1. The grid is sized for the longest sequence, so most programs of a batch with one long sequence
-#    exit at once. How many programs launch for the batch of section 1, and how many do work? (A
-#    persistent kernel would walk a precomputed list of (sequence, tile) pairs instead.)
+#    exit at once. How many programs launch for the batch of section 1 (tiles of 128 query rows,
+#    H = 16), and how many do work?
 # 2. FlashAttention aligns the causal mask of a varlen batch with $N_q \neq N_k$ at the bottom-right
-#    (the last query sees every key); this course aligns it top-left, as SDPA does. Which of the
-#    dense kernels' index computations would change, and which tests would tell?
-# 3. With $G = 8$, is the dK/dV program's loop over the group the bottleneck? Time it against a
-#    variant with one program per (key tile, query head) and a separate sum.
-#
-# ## References
-#
-# - T. Dao, *FlashAttention-2* (2023), section 3 (variable sequence lengths in the implementation).
-# - J. Ainslie et al., *GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
-#   Checkpoints* (2023); N. Shazeer, *Fast Transformer Decoding: One Write-Head is All You Need* (2019).
-# - FlashAttention's `flash_attn_varlen_func` documentation, for the packed layout this step copies.
+#    (the last query sees every key); this course aligns it top-left, as SDPA does. Which index
+#    computations of the kernels change, and which test would tell?
+# 3. With $G = 8$ query heads per K/V head, what does the dK/dV program's loop over the group cost,
+#    and what would one program per (key tile, query head) cost instead?

@@ -127,17 +127,27 @@ else:
     print("no H200 run committed yet: python bench/sparse_gpu.py --out results/h200/sparse")
 
 # %% [markdown]
-# ## Exercises
-#
-# 1. `_tile_full` lets interior tiles skip the mask. How many of the tiles visited in section 1 are
-#    masked, and how does that fraction change with the window at a fixed tile size?
-# 2. Make global tokens *not* see everything (only be seen): which of `visible`, `_key_ranges` and
-#    `_query_ranges` change? Which test fails first if you change only `visible`?
-# 3. Dilated windows (every second key) are another common pattern: write its `visible` and say
-#    which tiles the schedule must visit.
-#
 # ## References
 #
-# - I. Beltagy, M. Peters, A. Cohan, *Longformer: The Long-Document Transformer* (2020).
-# - M. Zaheer et al., *Big Bird: Transformers for Longer Sequences* (2020).
-# - PyTorch's FlexAttention (`torch.nn.attention.flex_attention`), `mask_mod` and `create_block_mask`.
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - I. Beltagy, M. Peters, A. Cohan, *Longformer: The Long-Document Transformer*, 2020.
+# - M. Zaheer et al., *Big Bird: Transformers for Longer Sequences*, 2020.
+# - PyTorch's FlexAttention (`torch.nn.attention.flex_attention`): `mask_mod` and `create_block_mask`.
+#
+# ## Exercises
+#
+# 1. `_tile_full` lets interior tiles skip the mask. Roughly what fraction of the visited tiles is
+#    masked, and how does it change with the window at a fixed tile size?
+# 2. Make global tokens *not* see everything (only be seen): which of `visible`, `_key_ranges` and
+#    `_query_ranges` change? Which test fails first if you change only `visible`?
+# 3. Dilated windows (every $d$-th key within $w \cdot d$): write its `visible`, and say which tiles
+#    the schedule must visit and which can skip the mask.

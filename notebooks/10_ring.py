@@ -271,3 +271,28 @@ print("\n".join(sorted(line for line in run.stdout.splitlines() if line.startswi
 # mask, a new precision), when you need to see or change the schedule (which hop overlaps which
 # block, what dtype the gradients travel in), or when your stack is not DTensor. **Ulysses**, when
 # the heads outnumber the GPUs and the GPUs share NVLink; the ring across nodes.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
+# - H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite
+#   Context*, 2023; zhuzilin/ring-flash-attention (ring, zigzag and stripe schedules).
+# - S. A. Jacobs et al., *DeepSpeed Ulysses*, 2023; PyTorch's `context_parallel`
+#   (`torch.distributed.tensor.experimental`).
+#
+# ## Exercises
+#
+# 1. With contiguous causal shards on $W$ ranks, how much work does the last rank do against the
+#    first, and what does the zigzag assignment (chunks $r$ and $2W - 1 - r$) give each rank?
+# 2. When can the ring hide its communication: compare the bytes one hop sends with the FLOPs of the
+#    block computed meanwhile, as a function of the shard length $N/W$.

@@ -105,10 +105,24 @@ with tempfile.TemporaryDirectory() as tmp:
 # `--compile` compiles the whole model with `fullgraph=True`: the course's kernels are registered
 # operators (notebook 06, section 9), so nothing breaks the graph. The dispatcher decides eagerly,
 # before compiling (a trial call, an extension build), and the compiled graph reads its decision.
+
+# %% [markdown]
+# ## References
+#
+# - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
+#   Attention with IO-Awareness*, 2022, [arXiv:2205.14135](https://arxiv.org/abs/2205.14135).
+# - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023,
+#   [arXiv:2307.08691](https://arxiv.org/abs/2307.08691).
+# - J. Shah, G. Bikshandi, Y. Zhang, V. Thakkar, P. Ramani, T. Dao, *FlashAttention-3: Fast and
+#   Accurate Attention with Asynchrony and Low-precision*, 2024, [arXiv:2407.08608](https://arxiv.org/abs/2407.08608).
+# - Triton's fused-attention tutorial, `python/tutorials/06-fused-attention.py` in
+#   [triton-lang/triton](https://github.com/triton-lang/triton).
+# - Stanford CS336, assignment 2 (systems),
+#   [stanford-cs336/assignment2-systems](https://github.com/stanford-cs336/assignment2-systems).
 #
 # ## Exercises
 #
-# 1. Run section 2 with `--attn step04` on the stubs after you finish step 04's forward only: where
-#    does the dispatcher's trial call fail, and what does it report?
-# 2. At which context length does attention take half of a training step of the `small` model? Use
-#    `python -m bench profile` or `torch.profiler` on one step.
+# 1. Run section 2 on the stubs after finishing step 04's forward only: where does the dispatcher's
+#    trial call fail, and what does it report?
+# 2. At which context length does attention take about half of the FLOPs of a training step of the
+#    `small` model (d_model 512)? Check it with `torch.profiler` on one step.
