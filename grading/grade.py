@@ -445,14 +445,19 @@ class Grader:
         elif imp_err and imp_err.get("type") != "NotImplementedError":
             res.status = S_IMPORT
             res.message = f"importing {mod} failed: {imp_err.get('type')}: {imp_err.get('message', '')}"
+        elif (failing and all(c.status == NOT_IMPLEMENTED for c in failing)
+              and not any(c.passed for gr in res.groups if gr.graded and gr.group.kind == "forward"
+                          for c in gr.checks)):
+            # The step's own code is not there: whatever passes runs given code (an earlier step's
+            # kernel through attention_with_lse, say), and a rule "broken" by code that never ran
+            # says nothing. Nothing pays before the forward is right (above).
+            res.status = S_NOT_IMPL
+            res.message = failing[0].message
         elif broken:
             res.status = S_RULE
             res.message = "; ".join(f"{RULES[r.rule]}: {r.message}" for r in broken)
         elif not failing:
             res.status = S_PASSED
-        elif all(c.status == NOT_IMPLEMENTED for c in failing) and not any(c.passed for c in all_checks):
-            res.status = S_NOT_IMPL
-            res.message = failing[0].message
         elif lost_msg:
             res.status = lost_status
             first = failing[0]
