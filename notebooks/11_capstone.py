@@ -62,7 +62,7 @@ for dtype in ((torch.float32,) if small else (torch.float32, torch.bfloat16)):
 # attention's arithmetic.
 
 # %%
-steps = 40 if small else 200
+steps = 25 if small else 200
 size = [] if small else ["--size", "small", "--dtype", "bf16"]
 ours, _ = train(parse(["train", "--quiet", "--steps", str(steps), "--context", "128", *size]))
 ref, _ = train(parse(["train", "--quiet", "--steps", str(steps), "--context", "128", "--attn", "math", *size]))

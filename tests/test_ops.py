@@ -119,7 +119,7 @@ def _compiled_matches_eager(attn, dtype, is_causal, dim=128, heads=2, n=80):
 @pytest.mark.step06
 @pytest.mark.parametrize("is_causal", CAUSAL, ids=lambda c: "causal" if c else "full")
 @pytest.mark.parametrize("dtype", LOWP if GPU else [torch.float32], ids=dt)
-@pytest.mark.parametrize("via", ["function", "operator"])
+@pytest.mark.parametrize("via", ["function", "operator"] if GPU else ["function"])   # ~15 s a compile on a CPU
 def test_compiled_block_trains_step06(load, dtype, is_causal, via):
     """fullgraph compile of a model calling step 06: through FlashAttentionTriton.apply (what CS336's
     harness compiles) and through the bare operator (its registered autograd)."""
