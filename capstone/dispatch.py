@@ -121,21 +121,14 @@ def _function(impl, code):
     return run
 
 
-def _call(fn, q, k, v, is_causal, scale):
-    return fn(q, k, v, is_causal, scale)
-
-
 _CHOICES: dict = {}
 
 
 def _autocast(q, k, v):
     """Inside torch.autocast the kernels run in the autocast dtype, as SDPA does there."""
-    if q.device.type != "cpu" and torch.is_autocast_enabled(q.device.type):
-        dt = torch.get_autocast_dtype(q.device.type)
-    elif q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        dt = torch.get_autocast_dtype("cpu")
-    else:
+    if not torch.is_autocast_enabled(q.device.type):
         return q, k, v
+    dt = torch.get_autocast_dtype(q.device.type)
     return q.to(dt), k.to(dt), v.to(dt)
 
 
@@ -188,7 +181,7 @@ def _probe(name, q, k, v, is_causal, code) -> str | None:
                   for t in (q, k, v))
     try:
         with torch.enable_grad():
-            _call(_function(name, code), qs, ks, vs, is_causal, None).float().sum().backward()
+            _function(name, code)(qs, ks, vs, is_causal, None).float().sum().backward()
     except NotImplementedError as err:
         return f"not implemented yet: {err}"
     except Exception as err:  # noqa: BLE001 - whatever breaks it here would break the model
@@ -200,7 +193,7 @@ def attention(q, k, v, is_causal=False, scale=None, impl="auto", code=None):
     """The course contract on the fastest implementation that serves these inputs (see the module doc)."""
     q, k, v = _autocast(q, k, v)
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="capstone attention")
-    return _call(choose(q, k, v, is_causal, impl, code).fn, q, k, v, is_causal, scale)
+    return choose(q, k, v, is_causal, impl, code).fn(q, k, v, is_causal, scale)
 
 
 def explain(q, k, v, is_causal=False, code=None) -> str:
