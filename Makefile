@@ -67,7 +67,7 @@ bench: $(STAMP)
 # results/h200/gpu-check/summary.json. GPU_PY: the interpreter with a CUDA torch (.venv if set up).
 GPU_PY ?= $(shell test -x $(VPY) && echo $(VPY) || echo python3)
 gpu-check:
-	$(GPU_PY) -m bench.gpu_check
+	$(GPU_PY) -m bench.gpu_check $(if $(PARTS),--parts $(PARTS))
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info
