@@ -11,8 +11,8 @@ and becomes, in the stub, at the same indentation,
     raise NotImplementedError("Step 04: one line that says what to do")
 
 In C-like files (.cu, .cuh, .cpp, .h) the markers start with ``//``; the
-region becomes ``// TODO(Step 07): ...`` followed by any lines written inside
-the region as ``// STUB: <code>``, uncommented (a solution ignores them).
+region becomes ``// TODO(Step 07): ...``, a ``STUDENT_TODO;`` line (see C_MARKER) and any
+lines written inside the region as ``// STUB: <code>``, uncommented (a solution ignores them).
 A Python region may also carry ``# STUB: <code>`` lines, which then replace
 the default ``raise``.
 
@@ -40,6 +40,11 @@ REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
 STEPS_DIR = REPO / "steps"
 MANIFEST = ".stubgen.json"
+# A C/CUDA region cannot raise: a stub kernel would run and return garbage, which a grader
+# reports as "O is wrong", not "not implemented". So each unwritten C region keeps this statement
+# (a no-op macro of solutions/csrc/step07_common.cuh) and the step's Python side refuses to launch
+# a kernel whose file still holds one (solutions/step07_cuda.py, refuse_unwritten).
+C_MARKER = "STUDENT_TODO"
 C_LIKE = {".cu", ".cuh", ".cpp", ".h", ".hpp", ".c"}
 COPIED = {".py", ".cu", ".cuh", ".cpp", ".h", ".hpp", ".c"}
 
@@ -122,6 +127,7 @@ def make_stub(text: str, rel: str, level: str = "guided") -> str:
         i += 1  # skip the closing marker
         if c_like:
             out.append(f"{indent}// TODO(Step {step})" + ("" if hard else f": {hint}"))
+            out.append(f"{indent}{C_MARKER};  // delete this line once the region is written")
             out.extend(body_stub)
         elif hard:
             msg = f"Step {step}: {_enclosing_def(out, indent)} (hard track: its docstring is the spec)"

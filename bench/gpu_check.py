@@ -144,25 +144,46 @@ PARTS = ("lb", "tests", "grade")
 
 
 def run_tests(out: Path, workers: int, budget_s: float, env: dict) -> dict:
-    junit = out / "pytest.xml"
-    junit.unlink(missing_ok=True)
-    log(f"tests: pytest -n {workers}, at most {budget_s:.0f} s")
-    with open(out / "pytest.log", "w") as f_tests:
-        tests = subprocess.Popen([PY, "-m", "pytest", "--impl", "solutions", "-q", "-rfE", "-p", "no:cacheprovider",
-                                  "--durations=25", "-n", str(workers), "--dist", "loadfile", f"--junitxml={junit}"],
-                                 cwd=REPO, stdout=f_tests, stderr=subprocess.STDOUT, env=env)
+    """Two pytest runs side by side: tests/test_grading.py with its tests spread one by one over a
+    third of the workers (each grades its own planted submission), every other file one file a
+    worker (their module fixtures, the process groups of step 10, are built once)."""
+    grading_workers = max(2, workers // 3)
+    runs = {"suite": ["--ignore", "tests/test_grading.py", "-n", str(workers - grading_workers), "--dist", "loadfile"],
+            "grading": ["tests/test_grading.py", "-n", str(grading_workers), "--dist", "load"]}
+    procs = {}
+    for name, extra in runs.items():
+        junit = out / f"pytest_{name}.xml"
+        junit.unlink(missing_ok=True)
+        log(f"tests ({name}): pytest {' '.join(extra)}, at most {budget_s:.0f} s")
+        f = open(out / f"pytest_{name}.log", "w")
+        procs[name] = (subprocess.Popen([PY, "-m", "pytest", "--impl", "solutions", "-q", "-rfE", "-p", "no:cacheprovider",
+                                         "--durations=15", f"--junitxml={junit}", *extra],
+                                        cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env), f, junit)
+    t0 = time.monotonic()
+    res = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "not_passing": [],
+           "compiled_model": {"tests": 0, "passed": 0}, "last_lines": {}}
+    for name, (proc, f, junit) in procs.items():
         try:
-            tests.wait(timeout=budget_s)
+            proc.wait(timeout=max(5.0, budget_s - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
-            tests.kill()
-            tests.wait()
-            log("tests: out of time, killed")
-    res = junit_counts(junit) if junit.exists() else {
-        "error": f"no junit file: pytest did not finish within {budget_s:.0f} s (see pytest.log)",
-        "passed": None, "failed": None, "errors": None, "skipped": None}
-    lines = [ln for ln in (out / "pytest.log").read_text().strip().splitlines() if ln.startswith("=")]
-    res["last_line"] = lines[-1] if lines else ""
-    log(f"pytest: {res['last_line']}")
+            proc.kill()
+            proc.wait()
+            log(f"tests ({name}): out of time, killed")
+        f.close()
+        lines = [ln for ln in (out / f"pytest_{name}.log").read_text().strip().splitlines() if ln.startswith("=")]
+        res["last_lines"][name] = lines[-1] if lines else ""
+        log(f"pytest ({name}): {res['last_lines'][name]}")
+        if not junit.exists():
+            res.update(passed=None, failed=None, errors=None, skipped=None)
+            res["error"] = f"no junit file from the {name} run: it did not finish within {budget_s:.0f} s"
+            continue
+        c = junit_counts(junit)
+        for key in ("passed", "failed", "errors", "skipped"):
+            if res[key] is not None:
+                res[key] += c[key]
+        res["not_passing"] += c["not_passing"]
+        for key in ("tests", "passed"):
+            res["compiled_model"][key] += c["compiled_model"][key]
     return res
 
 

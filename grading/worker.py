@@ -194,7 +194,15 @@ class _SdpaFunctionMode(torch.overrides.TorchFunctionMode):
 
 
 class _OpDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
-    """Sees every aten op (forward and backward): the largest tensor made, SDPA kernels, custom ops."""
+    """Sees every aten op (forward and backward): the largest tensor made, SDPA kernels, custom ops.
+
+    Higher-order operators pass through too: on a GPU, a ``triton_op`` (steps 05-10) launches its
+    kernels through ``triton_kernel_wrapper_mutation``, which refuses a mode that does not take
+    them ("There was no rule registered for HigherOrderOperator", H200, 2026-11-30). A Triton
+    launch is neither an extension nor a tensor made, so it is only counted.
+    """
+
+    supports_higher_order_operators = True
 
     def __init__(self, guards, nxn):
         super().__init__()
@@ -204,6 +212,9 @@ class _OpDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         g = self.guards
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            g.counts[f"hop_{g.phase}"] += 1
+            return out
         name = str(func)
         if "scaled_dot_product" in name:
             g.counts[f"sdpa_{g.phase}"] += 1

@@ -161,12 +161,33 @@ def graded(tmp_path_factory):
                    cache=None if private else str(cache)).grade(folder, steps)
         return name, g, time.monotonic() - t0
 
-    with ThreadPoolExecutor(4 if torch.cuda.is_available() else 2) as pool:   # 2 cores in CI; 16 on the H200
-        out = {name: (g, secs) for name, g, secs in pool.map(run, jobs)}
-    for name, (g, secs) in sorted(out.items()):
+    def show(name, g, secs):
         print(f"{name:40s} {g.points:6.2f}/{g.max_points:g}  {secs:5.1f} s  "
               + ", ".join(f"{s.step:02d}: {s.status}" for s in g.steps))
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under xdist (make gpu-check runs this file with --dist load): each worker grades only the
+        # submissions its own tests ask for, when they ask, so the tests spread over the workers.
+        return LazyGrades({j[0]: j for j in jobs}, run, show)
+    with ThreadPoolExecutor(2) as pool:                  # the CI machine's two cores
+        out = {name: (g, secs) for name, g, secs in pool.map(run, jobs)}
+    for name, (g, secs) in sorted(out.items()):
+        show(name, g, secs)
     return {name: g for name, (g, _) in out.items()}
+
+
+class LazyGrades(dict):
+    """``graded[name]``, graded on first use."""
+
+    def __init__(self, jobs, run, show):
+        super().__init__()
+        self.jobs, self.run, self.show = jobs, run, show
+
+    def __missing__(self, name):
+        _, g, secs = self.run(self.jobs[name])
+        self.show(name, g, secs)
+        self[name] = g
+        return g
 
 
 @pytest.mark.slow

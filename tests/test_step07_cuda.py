@@ -92,6 +92,14 @@ def test_cpu_tensors_are_a_value_error(load):
         m.attention(q, k, v, version=1)
 
 
+def test_every_kernel_file_is_written(load):
+    """Each version's file has no STUDENT_TODO; line left: the refusal that makes a stub say
+    'not implemented' lets every finished kernel run (tests/test_stubs.py checks the stub side)."""
+    m = load(7)
+    for f in (*m.FWD_FILES.values(), *m.BWD_FILES.values()):
+        m.refuse_unwritten(f)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where there is no GPU")
 def test_build_without_gpu_is_a_runtime_error(load):
     m = load(7)

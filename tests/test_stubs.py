@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlib import stubgen
 
@@ -60,7 +61,7 @@ def test_c_region_keeps_its_stub_lines():
            "}\n")
     out = stubgen.make_stub(src, "csrc/step07_flash.cu")
     assert "o[0] = 1.f;" not in out
-    assert "    // TODO(Step 07): write one\n    o[0] = 0.f;\n" in out
+    assert "    // TODO(Step 07): write one\n    STUDENT_TODO;  // delete this line once the region is written\n    o[0] = 0.f;\n" in out
 
 
 @pytest.mark.parametrize("bad", [
@@ -109,6 +110,13 @@ def test_pristine_stubs_raise_not_implemented(tmp_path, level):
     q, k, v = make_qkv(1, 1, 8, 8, 16)
     for n, (mod, _) in STEPS.items():
         step = load_step(n, pristine)            # import must succeed
+        if n == 7:                               # a kernel cannot raise: its Python side refuses to launch it
+            for f in (*step.FWD_FILES.values(), *step.BWD_FILES.values()):
+                with pytest.raises(NotImplementedError, match=f"Step 07: csrc/{f}:"):
+                    step.refuse_unwritten(f)
+            if torch.cuda.is_available():
+                with pytest.raises(NotImplementedError, match="Step 07: csrc/step07_fwd_v3.cu:"):
+                    step.attention(*(t.cuda().half() for t in make_qkv(1, 1, 64, 64, 64)))
         if n >= 7:
             continue                             # needs a GPU to get as far as a student region
         with pytest.raises(NotImplementedError, match=f"Step {n:02d}"):
@@ -128,7 +136,7 @@ def test_hard_track_keeps_signatures_and_drops_hints():
     assert "raise NotImplementedError('Step 04: f (hard track: its docstring is the spec)')" in out
     c = stubgen.make_stub("void k() {\n    // >>> STUDENT: the hint\n    // STUB: int a = 0;\n"
                           "    int a = 1;\n    // <<< STUDENT\n}\n", "csrc/step07_x.cu", level="hard")
-    assert "the hint" not in c and "    // TODO(Step 07)\n    int a = 0;" in c
+    assert "the hint" not in c and "    // TODO(Step 07)\n    STUDENT_TODO;" in c and "    int a = 0;" in c
 
 
 @NO_SOLUTIONS

@@ -15,6 +15,11 @@
 
 #include "step07_launch.h"
 
+// In a stub, every region still to write holds the statement `STUDENT_TODO;`. It compiles to
+// nothing; step07_cuda.py will not launch a kernel whose file still has one and says "not
+// implemented" instead of running a half-written kernel. Delete the line once you write the region.
+#define STUDENT_TODO ((void)0)
+
 namespace step07 {
 
 // ---------------------------------------------------------------- conversions

@@ -68,6 +68,7 @@ __device__ __forceinline__ void p_and_ds(const BwdParams& p, const float* Qs, co
         }
         const bool ok = qi < p.nq && kj < p.nk && !(p.causal && kj > qi);
         // TODO(Step 07): P = exp(scale*s - lse_i) where ok (else 0); dS = P * (dP - Delta_i)
+        STUDENT_TODO;  // delete this line once the region is written
         Ps[i * (BT + 1) + j] = 0.f;
         dSs[i * (BT + 1) + j] = 0.f;
     }

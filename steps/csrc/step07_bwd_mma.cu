@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(BWD2_THREADS, 2) dkdv_mma_kernel(BwdParams p) 
                 bool ok = true;
                 if (need_mask) ok = q0 + qi < p.nq && key < p.nk && !(p.causal && key > q0 + qi);
                 // TODO(Step 07): P^T = exp2(s*sl2 - lse2[query]) where ok, else 0; then dS^T = P^T * (dP^T - Delta[query])
+                STUDENT_TODO;  // delete this line once the region is written
             }
         mma_xb<T, D>(dv, s, dOt, lane);           // dV += P^T dO
         mma_xb<T, D>(dk, dp, Qt, lane);           // dK += dS^T Q

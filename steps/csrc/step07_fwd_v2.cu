@@ -108,6 +108,7 @@ __global__ void __launch_bounds__(V2_WARPS * 32) fwd_v2_kernel(FwdParams p) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
                 // TODO(Step 07): load the two B registers of K^T for keys nt*8.., dims kk*16.. and issue the mma
+                STUDENT_TODO;  // delete this line once the region is written
             }
         }
 
