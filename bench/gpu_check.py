@@ -239,10 +239,12 @@ def main(argv=None) -> int:
         return 2
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip() or None
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip())
+    # GPU_CHECK_COMMIT: the commit whose tree this is, where the copy's own .git is not that
+    # commit's (the course's device tool sends the working tree beside a .git of the session's start).
+    commit = os.environ.get("GPU_CHECK_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip() or None
+    dirty = not os.environ.get("GPU_CHECK_COMMIT") and bool(subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip())
     try:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
