@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import re
@@ -156,8 +157,11 @@ def run_tests(out: Path, workers: int, budget_s: float, env: dict) -> dict:
         junit.unlink(missing_ok=True)
         log(f"tests ({name}): pytest {' '.join(extra)}, at most {budget_s:.0f} s")
         f = open(out / f"pytest_{name}.log", "w")
-        procs[name] = (subprocess.Popen([PY, "-m", "pytest", "--impl", "solutions", "-q", "-rfE", "-p", "no:cacheprovider",
-                                         "--durations=15", f"--junitxml={junit}", *extra],
+        # -v: a run stopped at its budget still says which tests ended; --timeout (pytest-timeout,
+        # where installed): a test that hangs fails with its stack instead of stopping the run.
+        timeout = ["--timeout", "300"] if importlib.util.find_spec("pytest_timeout") else []
+        procs[name] = (subprocess.Popen([PY, "-m", "pytest", "--impl", "solutions", "-v", "-rfE", "-p", "no:cacheprovider",
+                                         "--durations=25", *timeout, f"--junitxml={junit}", *extra],
                                         cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env), f, junit)
     t0 = time.monotonic()
     res = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "not_passing": [],
@@ -254,7 +258,11 @@ def main(argv=None) -> int:
     summary.update(machine)
     for stale in ("why_incomplete", "date", "commit", "seconds"):   # each part carries its own now
         summary.pop(stale, None)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # One thread a process: 16 pytest workers each running 16 OpenMP threads and 16 Inductor compile
+    # workers made CPU-side tests 20-100x slower on the H200's 16 cores (2026-11-30: step 02's
+    # compile of a 17x40 problem ran past 200 s; the grader timed step 02 submissions out at 120 s).
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TORCHINDUCTOR_COMPILE_THREADS="1")
     from grading.sandbox import namespaces_available
     summary["grader_worker_namespaces"] = namespaces_available()
 

@@ -308,7 +308,8 @@ def test_launched_tiles_records_the_kernels_own_tile_sizes():
         r = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         tl.store(Y + r, tl.load(X + r, mask=r < N), mask=r < N)
 
-    x, y = torch.arange(40.0), torch.empty(40)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"     # compiled Triton takes CUDA tensors only
+    x, y = torch.arange(40.0, device=dev), torch.empty(40, device=dev)
     run_before = type(copy).run
     with launched_tiles() as t:
         copy[(3,)](x, y, 40, BLOCK_N=16)
