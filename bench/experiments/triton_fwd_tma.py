@@ -28,9 +28,9 @@ caught and recorded per row; the JSON is rewritten after every row; a watchdog w
 if one row hangs (--row-limit-s) or the run passes --hard-limit-s.
 
 Usage (repo root):
-    python3 bench/triton_fwd_tma.py --out $OUT/tma --budget-s 90     # on the H200
-    python3 bench/triton_fwd_tma.py --cpu-check                       # no GPU: Triton interpreter, tiny sizes
-    python3 bench/triton_fwd_tma.py --aot-check                       # no GPU: compile every variant for sm_90
+    python3 bench/experiments/triton_fwd_tma.py --out $OUT/tma --budget-s 90     # on the H200
+    python3 bench/experiments/triton_fwd_tma.py --cpu-check                       # no GPU: Triton interpreter, tiny sizes
+    python3 bench/experiments/triton_fwd_tma.py --aot-check                       # no GPU: compile every variant for sm_90
 """
 
 import os
@@ -53,7 +53,7 @@ import traceback
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]    # the repository root: bench/experiments/../..
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

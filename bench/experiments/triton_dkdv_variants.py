@@ -7,11 +7,11 @@ At the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, bf16, causal) on an H2
 backward totals of the same run). Each kernel below is a candidate explanation of the gap turned into
 a fix; one run checks every one against the float64 reference and times it against step 06's own
 kernel, launched exactly as step 06's ``backward()`` launches it (captured, as
-bench/triton_lb_variants.py does), at the current table's tiles and at the old ones.
+bench/experiments/triton_lb_variants.py does), at the current table's tiles and at the old ones.
 
-    python bench/triton_dkdv_variants.py --out DIR            # an H200: about 40-70 s; no timing starts after 110 s
-    python bench/triton_dkdv_variants.py --small              # a CPU: Triton's interpreter, fp32 / fp16 (~1 min)
-    python bench/triton_dkdv_variants.py --aot-check          # no GPU: compile every kernel for sm_90 and report
+    python bench/experiments/triton_dkdv_variants.py --out DIR            # an H200: about 40-70 s; no timing starts after 110 s
+    python bench/experiments/triton_dkdv_variants.py --small              # a CPU: Triton's interpreter, fp32 / fp16 (~1 min)
+    python bench/experiments/triton_dkdv_variants.py --aot-check          # no GPU: compile every kernel for sm_90 and report
     ... --variants control,2cta,k-regs                        # a subset, extras included (step 06's rows always run)
 
 What the compile report (``--aot-check``: sm_90 code from Triton's bundled ptxas, no GPU) shows of step
@@ -64,7 +64,7 @@ Not here: ``tl.range(..., num_stages=...)`` per loop (the diagonal loops run BLO
 iterations, so their pipeline prologue costs one fill per program, ~1%; shared memory does not limit
 occupancy, registers do), ``out_dtype`` / accumulator forms (every product already accumulates in
 fp32, the two accumulating ones in place, ``tl.dot(a, b, acc)``), tile sweeps of step 06's kernel
-(done: 38 candidates within 3%, results/h200/), TMA and warp specialization (bench/triton_fwd_tma.py:
+(done: 38 candidates within 3%, results/h200/), TMA and warp specialization (bench/experiments/triton_fwd_tma.py:
 no gain in the forward; warp specialization NaN with 3 stages, slower with 2).
 
 The run:
@@ -107,7 +107,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 T_START = time.time()
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]    # the repository root: bench/experiments/../..
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -120,7 +120,7 @@ import triton.language as tl  # noqa: E402
 
 from bench.core import machine_info  # noqa: E402
 from bench.core import time_ms as bench_ms  # noqa: E402  (do_bench median on a GPU)
-from bench.triton_lb_variants import errors, first_line, make_inputs, steps  # noqa: E402
+from bench.experiments.triton_lb_variants import errors, first_line, make_inputs, steps  # noqa: E402
 
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -744,7 +744,7 @@ def run_checks(jobs, workers, deadline):
             results[(r["name"], r["set"], r["causal"])] = r
         return results
     import multiprocessing as mp
-    from bench import triton_dkdv_variants as mod     # workers import this module by that name: one Triton cache key
+    from bench.experiments import triton_dkdv_variants as mod     # workers import this module by that name: one Triton cache key
     n = 0
     try:
         with mp.get_context("spawn").Pool(workers) as pool:
@@ -807,7 +807,7 @@ def main(argv=None):
         return aot_main(args, variants if args.variants else VARIANTS + EXTRA_VARIANTS)
     small = args.small
     if not small and not torch.cuda.is_available():
-        print("bench/triton_dkdv_variants.py needs a CUDA GPU (or --small for the CPU interpreter, "
+        print("bench/experiments/triton_dkdv_variants.py needs a CUDA GPU (or --small for the CPU interpreter, "
               "--aot-check for the sm_90 compile report)")
         return 1
     out_dir = args.out or REPO / "out" / "dkdv_variants"
@@ -1031,6 +1031,6 @@ def main(argv=None):
 if __name__ == "__main__":
     # Run the module under its package name, so that the pool's workers (which import it by that name) and this
     # process share Triton's cache keys (they include the kernel's module name).
-    from bench import triton_dkdv_variants as _this
+    from bench.experiments import triton_dkdv_variants as _this
     _this.T_START = T_START                           # the budget counts from this process's start
     sys.exit(_this.main())

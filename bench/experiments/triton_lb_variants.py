@@ -1,7 +1,7 @@
 """Step 06's backward variants on the CS336 leaderboard shape, in one GPU call: check, then time.
 
-    python bench/triton_lb_variants.py --out DIR          # an H200: about 60-100 s; no timing starts after 120 s
-    python bench/triton_lb_variants.py --small --out DIR  # a CPU, Triton's interpreter, tiny fp32 sizes
+    python bench/experiments/triton_lb_variants.py --out DIR          # an H200: about 60-100 s; no timing starts after 120 s
+    python bench/experiments/triton_lb_variants.py --small --out DIR  # a CPU, Triton's interpreter, tiny fp32 sizes
 
 Shape: B=1, H=16, N=16384, D=64, bf16, causal, forward + backward (target 5.36 ms).
 
@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]    # the repository root: bench/experiments/../..
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -324,7 +324,7 @@ def main(argv=None):
     t0 = time.time()
     small = args.small
     if not small and not torch.cuda.is_available():
-        print("bench/triton_lb_variants.py needs a CUDA GPU (or --small for the CPU interpreter)")
+        print("bench/experiments/triton_lb_variants.py needs a CUDA GPU (or --small for the CPU interpreter)")
         return 1
     device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
     shape, check_shape = (SMALL_SHAPE, SMALL_CHECK) if small else (GPU_SHAPE, GPU_CHECK)
