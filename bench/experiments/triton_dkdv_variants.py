@@ -120,7 +120,8 @@ import triton.language as tl  # noqa: E402
 
 from bench.core import machine_info  # noqa: E402
 from bench.core import time_ms as bench_ms  # noqa: E402  (do_bench median on a GPU)
-from bench.experiments.triton_lb_variants import errors, first_line, make_inputs, steps  # noqa: E402
+from bench.experiments.triton_lb_variants import (errors, first_line, make_inputs,  # noqa: E402
+                                                  record_launches, steps)
 
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -417,32 +418,13 @@ def variant_launch(var: Variant, q, k, v, do, lse, delta, causal, scale, prep=Tr
     return Launch(var.name, _dkdv_var_kernel, grid, args, kwargs), host, dk, dv
 
 
-S06_KERNELS = ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel")
-
-
 def step06_launches(s6, q, k, v, o, lse, do, causal, scale, config, run=True):
-    """Step 06's ``backward()`` with its kernels wrapped: [Launch] in launch order (preprocess, dK/dV, dQ),
-    each with the grid and arguments ``backward()`` gave it, and backward()'s (dQ, dK, dV). ``run=False``
-    records without launching (the compile report: no GPU)."""
-    launches, saved = [], {n: getattr(s6, n) for n in S06_KERNELS}
-
-    class Recorder:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(Launch(self.name, self.kernel, grid, args, kwargs))
-                return self.kernel[grid](*args, **kwargs) if run else None
-            return launch
-    try:
-        for n in S06_KERNELS:
-            setattr(s6, n, Recorder(n, saved[n]))
-        out = s6.backward(q, k, v, o, lse, do, causal, scale, config=config, dq_mode="separate")
-    finally:
-        for n in S06_KERNELS:
-            setattr(s6, n, saved[n])
-    return launches, out
+    """Step 06's ``backward()`` with its launches recorded (triton_lb_variants.record_launches): [Launch] in
+    launch order (preprocess, dK/dV, dQ), each with the grid, arguments and launch options ``backward()`` gave
+    it, and backward()'s (dQ, dK, dV). ``run=False`` records without launching (the compile report: no GPU)."""
+    log, out = record_launches(s6, lambda: s6.backward(q, k, v, o, lse, do, causal, scale, config=config,
+                                                       dq_mode="separate"), run=run)
+    return [Launch(*x) for x in log], out
 
 
 def step06_config(s6, shape, dtype, causal, device, dkdv=None):

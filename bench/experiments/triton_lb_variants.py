@@ -83,7 +83,6 @@ FUSED = [                              # (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2
 ]
 KERNEL_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 FUSED_KEYS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages")
-BWD_KERNELS = ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_fused_kernel")
 
 
 def steps():
@@ -254,29 +253,43 @@ def sdpa_errors(backend, shape, dtype, device, causal):
 
 # %% Launch capture: each backward kernel alone --------------------------------------------------------
 
-def capture_launches(s6, fn):
-    """Run ``fn()`` with step 06's kernels wrapped; return ``[(kernel name, relaunch)]`` in launch order,
-    each relaunch a closure that runs that kernel again with the same grid and arguments."""
-    log, saved = [], {n: getattr(s6, n) for n in BWD_KERNELS}
+def record_launches(s6, fn, run=True):
+    """Run ``fn()`` (a call of ``s6.backward``) with step 06's kernel launches recorded; return
+    ``([(kernel name, kernel, grid, args, kwargs)], fn's result)`` in launch order. ``kwargs`` holds the
+    launch options (num_warps, num_stages, maxnreg) of the config step 06 launched with, so that
+    ``kernel[grid](*args, **kwargs)`` is that launch again; ``run=False`` records without launching.
 
-    class Recorder:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
+    Step 06 launches every kernel as ``wrap_triton(configured(kernel, config))[grid](...)``
+    (attnlib.ops.configured: a one-config autotuner carrying the launch options), so the recorder
+    stands in for ``wrap_triton`` in step 06's module while ``fn()`` runs. (Until step 06 became a
+    PyTorch operator it launched ``kernel[grid](..., num_warps=...)`` itself, and this function
+    replaced the kernels instead; ``configured`` cannot wrap such a stand-in.)"""
+    log, real = [], s6.wrap_triton
 
-        def __getitem__(self, grid):
-            launch = self.kernel[grid]
+    def recording_wrap(tuned):
+        configs = getattr(tuned, "configs", None)            # an autotuner from ``configured``, or a kernel
+        kernel = tuned.fn if configs is not None else tuned
+        opts = configs[0].all_kwargs() if configs else {}
 
-            def run(*args, **kwargs):
-                log.append((self.name, self.kernel, grid, args, kwargs))
-                return launch(*args, **kwargs)
-            return run
+        class Launcher:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    log.append((kernel.fn.__name__, kernel, grid, args, dict(kwargs, **opts)))
+                    return real(tuned)[grid](*args, **kwargs) if run else None
+                return launch
+        return Launcher()
+    s6.wrap_triton = recording_wrap
     try:
-        for n in BWD_KERNELS:
-            setattr(s6, n, Recorder(n, saved[n]))
-        fn()
+        out = fn()
     finally:
-        for n in BWD_KERNELS:
-            setattr(s6, n, saved[n])
+        s6.wrap_triton = real
+    return log, out
+
+
+def capture_launches(s6, fn):
+    """Run ``fn()`` with step 06's launches recorded; return ``[(kernel name, relaunch)]`` in launch order,
+    each relaunch a closure that runs that kernel again with the same grid, arguments and launch options."""
+    log, _ = record_launches(s6, fn)
     return [(name, lambda kern=kern, g=g, a=a, kw=kw: kern[g](*a, **kw)) for name, kern, g, a, kw in log]
 
 
