@@ -1,6 +1,26 @@
-"""Why is step 06's dK/dV kernel slow? Alternative dK/dV kernels, checked, compiled and timed against it.
+"""Experiment: why is step 06's dK/dV kernel slow? Alternative dK/dV kernels, checked, compiled and timed against it.
 
-At the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, bf16, causal) on an H200, step 06's
+Answer (two H200 runs, 2026-11-30 02:14 and 02:24 UTC: results/h200/triton/dkdv_variants_0214.json,
+dkdv_0214.log, dkdv_variants_0224.json, dkdv_0224.log; the table is in results/h200/triton/README.md,
+"The dK/dV kernel (later the same day): 5.60 -> 5.29 ms", and in notebook 06, section 8). Occupancy
+and the wait on each product: at 64x128 on 8 warps the kernel used 186 registers, one program per
+SM. Of the changes below, two paid (kernel alone, "control" 2.616 ms): 32x128 on 8 warps capped at
+128 registers, two programs per SM ("2cta", 2.384), and V dO^T issued right after K Q^T
+("early-dp", 2.439); K and V from registers, the tutorial's formulation, the host pre-scale and the
+heavy-first grid did not. Step 06 took both (commit 567f908): its dK/dV kernel 2.50 ms, forward +
+backward 5.29 ms, under the 5.36 ms target. Open: step 06's own kernel runs 7-12% slower than
+"control" at the same tiles (the README's last paragraph; ptxas: 186 registers for step 06, 225 for
+the copy).
+
+How the kernel here differs from step 06's ``_bwd_dkdv_kernel`` (solutions/step06_triton_bwd.py):
+``_dkdv_var_kernel`` with every flag off ("control") is step 06's dK/dV loop as it was before commit
+567f908 -- the same stage split (masked diagonal, unmasked body, masked tail) and the same math,
+but dP = V dO^T computed after dV += P^T dO, where step 06 now issues it right after K Q^T (that is
+the EARLY_DP flag) -- restricted to contiguous (B, H, N, D) inputs with one row stride, Nq == Nk, D
+in 16..128 with no padding, and no atomic dQ. Each flag adds one change to that copy. Step 06's own
+rows run step 06 itself (solutions/, launched by its ``backward()`` and recorded), not a copy.
+
+Question. At the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, bf16, causal) on an H200, step 06's
 ``_bwd_dkdv_kernel`` ran at about 360 TFLOP/s on its four matrix products and the dQ kernel at about
 570 TFLOP/s on its three (results/h200/triton/lb.log; its kernel rows used that run's table tiles,
 32x128 w4 s4 for dK/dV: 3.04 ms; the table has since moved to 64x128 w8 s4, about 2.8 ms by the

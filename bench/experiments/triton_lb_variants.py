@@ -1,4 +1,26 @@
-"""Step 06's backward variants on the CS336 leaderboard shape, in one GPU call: check, then time.
+"""Experiment: step 06's backward at the CS336 leaderboard shape -- which dq_mode and tiles, and which kernel holds the time?
+
+Question. B=1, H=16, N=16384, D=64, bf16, causal, forward + backward took step 06 5.74 ms on the
+H200, against the leaderboard's best 5.36 ms (an H100). Which ``dq_mode`` ("separate", "atomic",
+"fused") and which tiles make its backward fastest, and how is the backward split between kernels?
+
+Answer (one H200 run, 2026-11-30 01:02 UTC: results/h200/triton/lb_variants.json and lb.log; told
+in results/h200/triton/README.md, "What they say", and read by notebook 06, section 7).
+Forward + backward with the best backward of each mode: separate 5.60 ms, atomic 5.83, fused 5.97
+(SDPA-FLASH 7.01, cuDNN 4.35); the backward alone 4.29 / 4.54 / 4.66 ms. Fusing the two launches
+costs more (one num_warps / num_stages for both phases) than the balanced causal work saves. The
+separate backward: preprocess 0.03 ms, dK/dV kernel 3.04 (about 360 TFLOP/s on its four
+products), dQ kernel 1.44 (about 570 on its three): the dK/dV kernel is the one to speed up, which
+triton_dkdv_variants.py then did. Step 06's table took the better dK/dV tiles; "separate" stayed
+its default.
+
+Kernels: step 06's and step 05's own (solutions/, through attnlib.loader), no copies. The tile
+candidates below are those of the morning of 11-30; step 06's table has moved since (causal
+D <= 64: 32x128 on 8 warps, maxnreg=128), and each run times the table's current config of each
+mode first. Changed since the run: step 06 now launches its kernels as
+``wrap_triton(configured(kernel, config))[grid](...)``, so the per-kernel rows record those launches
+(``record_launches``) instead of replacing the kernels in step 06's module.
+
 
     python bench/experiments/triton_lb_variants.py --out DIR          # an H200: about 60-100 s; no timing starts after 120 s
     python bench/experiments/triton_lb_variants.py --small --out DIR  # a CPU, Triton's interpreter, tiny fp32 sizes
