@@ -111,7 +111,7 @@ RELEASE_FILES = [
     "tests/test_notebooks.py", "tests/test_bench.py", "tests/test_ops.py", "tests/test_cs336.py",
     # The capstone: the dispatcher and the GPT, on the student's own steps.
     "capstone/*.py",
-    # The benchmark harness; not the experiments (bench/triton_*.py, cuda_gpu.py hold whole kernels).
+    # The benchmark harness; not the experiments (bench/experiments/, cuda_gpu.py hold whole kernels).
     "bench/__init__.py", "bench/__main__.py", "bench/core.py", "bench/plots.py", "bench/profiling.py",
     "bench/step04_figures.py",
     # Measured numbers and figures; no logs (test logs print the code around a failure).

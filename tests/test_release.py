@@ -81,10 +81,11 @@ def test_leak_check_finds_disguised_solution_lines(tmp_path):
 
 
 def test_release_build_fails_on_a_planted_leak(tmp_path, monkeypatch):
-    # bench/triton_fwd_tma.py holds a whole Triton forward kernel (step 05's answer): put it on the list.
-    monkeypatch.setattr(package, "RELEASE_FILES", package.RELEASE_FILES + ["bench/triton_fwd_tma.py"])
+    # bench/experiments/triton_fwd_tma.py holds a whole Triton forward kernel (step 05's answer): put it on the list.
+    monkeypatch.setattr(package, "RELEASE_FILES", package.RELEASE_FILES + ["bench/experiments/triton_fwd_tma.py"])
     out = tmp_path / "release"
-    with pytest.raises(PackageError, match=r"bench/triton_fwd_tma.py \(line \d+\) holds solutions/step05") as exc:
+    leak = r"bench/experiments/triton_fwd_tma.py \(line \d+\) holds solutions/step05"
+    with pytest.raises(PackageError, match=leak) as exc:
         build_release(out, steps=[1, 2, 3])
     assert "would leak" in str(exc.value)
     assert not out.exists(), "a release that failed its leak check was left behind"
@@ -98,7 +99,7 @@ def test_release_holds_only_listed_files(tmp_path):
         assert (f in rep["written"] or f.startswith("steps/")
                 or package._released(f, [])), f"{f} is in the release but not on its list"
     assert not any(f.endswith(".log") or f.startswith(("solutions/", "grading/gradescope/")) for f in files)
-    assert not any(f.startswith("bench/triton_") or f == "bench/cuda_gpu.py" for f in files)
+    assert not any(f.startswith(("bench/triton_", "bench/experiments/")) or f == "bench/cuda_gpu.py" for f in files)
     assert "tests/test_step04_flash_torch.py" not in files and "steps/step03_sdpa.py" in files
     for name, text in stubgen.generate(REPO / "solutions").items():
         if leaks.step_of(name) in QUICK_STEPS:
