@@ -119,9 +119,11 @@ RELEASE_FILES = [
     "results/h200/step04/step04_figures.*", "results/h200/step07_cuda.json", "results/h200/triton/README.md",
     "results/h200/triton/*.json",
 ]
-# Never, whatever the list above says: a second lock.
+# Never, whatever the list above says: a second lock. Among them the maintainers' tests, which check
+# solutions/ itself (test_stubs, test_notebooks_solutions): the release has no solutions/.
 NEVER = ["solutions/*", "hidden/*", "*hidden.toml", "tests/grading_fixtures/*", "tests/test_grading*.py",
-         "tests/test_stubs.py", "tests/test_release.py", "*.log", "grading/gradescope/*", "grading/leaks.py",
+         "tests/test_stubs.py", "tests/test_notebooks_solutions.py", "tests/test_release.py", "*.log",
+         "grading/gradescope/*", "grading/leaks.py",
          "grading/package.py", "grading/release/*"]
 RELEASE_TEMPLATES = HERE / "release"          # README.md, Makefile, ci_run: the release's own
 

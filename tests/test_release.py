@@ -100,6 +100,9 @@ def test_release_holds_only_listed_files(tmp_path):
     assert not any(f.endswith(".log") or f.startswith(("solutions/", "grading/gradescope/")) for f in files)
     assert not any(f.startswith("bench/triton_") or f == "bench/cuda_gpu.py" for f in files)
     assert "tests/test_step04_flash_torch.py" not in files and "steps/step03_sdpa.py" in files
+    assert "tests/test_notebooks.py" in files
+    assert not any(f in files for f in ("tests/test_stubs.py", "tests/test_notebooks_solutions.py")), \
+        "a maintainer's test of solutions/ is in the release"
     for name, text in stubgen.generate(REPO / "solutions").items():
         if leaks.step_of(name) in QUICK_STEPS:
             assert (rel / "steps" / name).read_text() == text, f"steps/{name} is not the stub of solutions/{name}"
