@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,6 +147,26 @@ def test_released_tests_never_name_solutions():
     assert named == [], (f"released files that name solutions/, which the release lacks: {named}; load through "
                          "the `load` fixture (the implementation under test), or, for a maintainer's test of "
                          "solutions/, put it in a file that grading/package.py's NEVER keeps out")
+
+
+def test_released_notebooks_find_the_results_they_read():
+    """A released notebook that reads `RESULTS / "file"` (results/h200/) finds that file in the release
+    (a result not yet committed is the notebook's to guard: it says so when it runs)."""
+    repo_files = package._repo_files()
+    wanted = []
+    for nb in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.py")):
+        if not package._released(nb.relative_to(REPO).as_posix(), []):
+            continue
+        text = nb.read_text()
+        if "RESULTS = " in text:
+            assert 'RESULTS = REPO / "results" / "h200"' in text, f"{nb.name}: RESULTS is not results/h200"
+        for chain in re.findall(r'RESULTS((?:\s*/\s*f?"[^"]+")+)', text):
+            parts = [re.sub(r"\{[^}]*\}", "*", x) for x in re.findall(r'"([^"]+)"', chain)]
+            wanted.append((nb.name, "/".join(["results/h200", *parts])))
+    assert len(wanted) > 10, f"the notebooks' reads of results/ were not found: {wanted}"
+    missing = [(name, f) for name, pat in wanted for f in repo_files
+               if fnmatch.fnmatch(f, pat) and not package._released(f, [])]
+    assert not missing, f"released notebooks read results that the release leaves out (RELEASE_FILES): {missing}"
 
 
 @pytest.mark.slow
