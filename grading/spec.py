@@ -120,6 +120,7 @@ class Item:
     extra: dict = field(default_factory=dict)      # sent to the worker
     expect: dict = field(default_factory=dict)     # the grader's own expectations: never sent
     checks: list[Check] = field(default_factory=list)
+    hidden: bool = False           # every check is a hidden group's: sent to the worker last
 
     @property
     def dtype(self):
@@ -127,7 +128,7 @@ class Item:
 
     def task(self) -> dict:
         """What the worker gets: plain tensors and values only."""
-        t = {"kind": self.kind, "id": self.id, "q": self.q, "k": self.k, "v": self.v,
+        t = {"kind": self.kind, "q": self.q, "k": self.k, "v": self.v,      # no id: it names the seed
              "is_causal": self.is_causal, "scale": self.scale, "device": self.device,
              "grads": self.grads, "nxn_probe": self.nxn_probe, "extra": dict(self.extra)}
         if self.dout is not None:
@@ -268,6 +269,12 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
             for causal in (False, True):
                 out.append(Item("attn", f"nxn/{causal}", q, k, v, causal, None, device, dout=dout,
                                 grads=True, nxn_probe=True))
+    # The hidden groups' items go last: the worker gets items one at a time, so no call it runs
+    # before them, and no record it writes before them, can hold anything of their inputs.
+    hidden = {g.name for g in groups if g.hidden}
+    for it in out:
+        it.hidden = bool(it.checks) and all(c.group in hidden for c in it.checks)
+    out.sort(key=lambda it: it.hidden)
     return out, skipped
 
 
