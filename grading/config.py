@@ -27,9 +27,9 @@ HIDDEN_FILE = "hidden.toml"
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 KINDS = ("forward", "backward", "contract", "lse", "autograd", "backend", "lowp", "speed")
-GROUP_KEYS = {"points", "kind", "cases", "causal", "scales", "needs_gpu", "all_or_nothing",
+GROUP_KEYS = {"points", "kind", "cases", "causal", "scales", "q_factors", "needs_gpu", "all_or_nothing",
               "visibility", "reveal", "seed"}
-STEP_KEYS = {"timeout_s", "memory_mb", "cases", "causal", "scales", "visibility", "groups"}
+STEP_KEYS = {"timeout_s", "memory_mb", "cases", "causal", "scales", "q_factors", "visibility", "groups"}
 
 
 class ConfigError(ValueError):
@@ -45,6 +45,7 @@ class Group:
     cases: list[Case]
     causal: list[bool]
     scales: list[float]
+    q_factors: list[float] = field(default_factory=list)    # large scores: q multiplied by each (fp32 only)
     needs_gpu: bool = False
     all_or_nothing: bool = False
     visibility: str = "visible"
@@ -175,6 +176,7 @@ def load(path: str | Path | None = None, hidden: str | Path | None = None) -> Co
                 cases=_cases(gt.get("cases", table.get("cases", "all")), where),
                 causal=[bool(c) for c in gt.get("causal", table.get("causal", [False, True]))],
                 scales=[float(s) for s in gt.get("scales", table.get("scales", []))],
+                q_factors=[float(f) for f in gt.get("q_factors", table.get("q_factors", []))],
                 needs_gpu=bool(gt.get("needs_gpu", False)),
                 all_or_nothing=bool(gt.get("all_or_nothing", False)),
                 visibility=vis, reveal=bool(gt.get("reveal", True)),
