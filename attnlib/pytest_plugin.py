@@ -20,5 +20,22 @@ def add_impl_option(parser):
         pass
 
 
+def course_installed() -> bool:
+    """`make setup` installs the course (`pip install -e .`); a bare GPU image (make gpu-check) does not."""
+    from importlib import metadata
+    try:
+        metadata.distribution("attention-course")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def not_installed_mark():
+    """A skip mark for the tests that need the course installed (its package, this plugin)."""
+    import pytest
+    return pytest.mark.skipif(not course_installed(),
+                              reason="the course is not installed here (`make setup` runs `pip install -e .`)")
+
+
 def pytest_addoption(parser):
     add_impl_option(parser)

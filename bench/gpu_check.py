@@ -145,8 +145,8 @@ PARTS = ("lb", "tests", "grade")
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """Interrupt pytest like Ctrl-C (it still writes its summary and junit file), then kill its
-    whole process group: xdist's workers die with their controller only if asked."""
+    """Interrupt like Ctrl-C (pytest still writes its summary and junit file), then kill the whole
+    process group: xdist's workers and the grader's workers die with their parent only if asked."""
     import signal
     try:
         os.killpg(proc.pid, signal.SIGINT)
@@ -221,14 +221,14 @@ def run_grades(budget_s: float, jobs: int, env: dict, out: Path) -> dict:
             f = open(out / f"{name}.log", "w")
             procs[name] = (subprocess.Popen([PY, "-m", "grading", "--impl", impl, "--summary-json", "--jobs",
                                              str(jobs), "--out", str(Path(tmp) / name)],
-                                            cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env), f)
+                                            cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env,
+                                            start_new_session=True), f)
         t0 = time.monotonic()
         for name, (proc, f) in procs.items():
             try:
                 proc.wait(timeout=max(5.0, budget_s - (time.monotonic() - t0)))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                stop(proc)                           # the grader and its workers, the whole group
                 f.close()
                 grades[name] = {"points": None, "max": None, "error": f"the grader ran past {budget_s:.0f} s"}
                 continue

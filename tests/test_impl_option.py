@@ -7,21 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from attnlib.pytest_plugin import not_installed_mark
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _course_installed() -> bool:
-    """`make setup` installs the course (`pip install -e .`); a bare GPU image (make gpu-check) does not."""
-    from importlib import metadata
-    try:
-        metadata.distribution("attention-course")
-        return True
-    except metadata.PackageNotFoundError:
-        return False
-
-
-NOT_INSTALLED = pytest.mark.skipif(not _course_installed(),
-                                   reason="the course is not installed here (`make setup` runs `pip install -e .`)")
+NOT_INSTALLED = not_installed_mark()
 
 
 @pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/")

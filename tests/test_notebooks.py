@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from attnlib.nb import SWITCH
+from attnlib.pytest_plugin import not_installed_mark
 
 REPO = Path(__file__).resolve().parent.parent
 NB_DIR = REPO / "notebooks"
@@ -65,18 +66,7 @@ def test_one_switch_in_every_notebook(path):
         f"it starts with:\n{code[0][:300] if code else '(no code cell)'}")
 
 
-def _course_installed() -> bool:
-    """`make setup` installs the course (`pip install -e .`); a bare GPU image (make gpu-check) does not."""
-    from importlib import metadata
-    try:
-        metadata.distribution("attention-course")
-        return True
-    except metadata.PackageNotFoundError:
-        return False
-
-
-NOT_INSTALLED = pytest.mark.skipif(not _course_installed(),
-                                   reason="the course is not installed here (`make setup` runs `pip install -e .`)")
+NOT_INSTALLED = not_installed_mark()
 
 
 @NOT_INSTALLED
