@@ -99,12 +99,19 @@ def check_load_tile(out, x, row0, col0, block_rows, block_cols):
             bug = "the pointers are wrong: element (i, j) lives at base + rows[i] * stride_row + cols[j] * stride_col"
         fix = "the pointers (and the mask) for elements inside x, before anything past its edges"
     elif nan_rows or nan_cols:
-        edge = "rows" if nan_rows else "columns"
-        flag = "CHECK_ROWS" if nan_rows else "CHECK_COLS"
-        bug = (f"the tile reads past x's last {edge[:-1]} (NaN planted there): no mask on the {edge} "
-               f"when {flag} is True ({edge} < n_{edge[:3] if edge == 'rows' else 'cols'})")
-        if check_rows != check_cols:
-            bug += "; only one flag is True on this tile: are CHECK_ROWS and CHECK_COLS swapped?"
+        edge, flag, bound = ("rows", "CHECK_ROWS", "rows < n_rows") if nan_rows else \
+            ("columns", "CHECK_COLS", "cols < n_cols")
+        past = rows_out if nan_rows else cols_out & ~rows_out
+        first_past = (torch.arange(block_rows)[:, None] + row0 == n_rows) if nan_rows else \
+            (torch.arange(block_cols)[None, :] + col0 == n_cols)
+        read = bad & past & torch.isnan(got)
+        if torch.equal(read, (past & first_past.expand_as(past)) & ~outside.logical_and(~past)):
+            bug = (f"the mask on the {edge} is off by one: it lets through the first {edge[:-1]} past the end "
+                   f"({bound}, not <=)")
+        else:
+            bug = f"the tile reads past x's last {edge[:-1]} (NaN planted there): no mask on the {edge} when {flag} is True ({bound})"
+            if check_rows != check_cols and bool((past & ~read).sum() == 0):
+                bug += "; only one flag is True on this tile: are CHECK_ROWS and CHECK_COLS swapped?"
         fix = f"the mask on the {edge}"
     else:
         bug = "elements past x's edges must read 0: tl.load(..., mask=..., other=0.0)"
@@ -124,8 +131,8 @@ BUGS = {
     "l_not_rescaled": "l_i is not rescaled when the max grows: l_i = alpha * l_i + rowsum(p), alpha = exp2(m_i - m_new)",
     "acc_not_rescaled": "the accumulator is not rescaled when the max grows: acc = alpha * acc + p @ v",
     "normalized": "acc is divided by l_i here: the division belongs to the epilogue, once, after the last tile",
-    "no_mask": "a MASKED tile is not masked: scores of keys a row must not see are not set to -inf",
     "no_key_bound": "keys >= N_K (padding, loaded as 0) are not masked: their score 0 gets a share of the softmax",
+    "no_mask": "a MASKED tile is not masked: scores of keys a row must not see are not set to -inf",
     "causal_ignored": "the causal mask is missing: with IS_CAUSAL, keys past the row (key > query) must be -inf",
     "causal_off_by_one": "the causal mask is off by one: it hides the diagonal (key == query stays visible: <=, not <)",
     "causal_transposed": "the causal mask is transposed: a row sees keys at or after itself (key >= query) instead of before",
@@ -200,7 +207,7 @@ def check_online_softmax(result, q, k, v, state=None, *, start_m=0, start_n=0, n
                 return sentence
         return None
     names = (("m", "m (the running max, base 2)", (bm,)), ("l", "l (the running sum)", (bm,)),
-             ("acc", "acc (the running P V)", (bm, v.shape[1])))
+             ("acc", "acc (the running P V)", (bm, v.shape[1])))     # rows: dim -1 of m and l, -2 of acc
     for (short, name, shape), got, ref in zip(names, result, want):
         if tuple(got.shape) != shape:
             raise WarmupError(f"{context}\n  {name} must be shaped {shape}, got {tuple(got.shape)}")
@@ -208,7 +215,7 @@ def check_online_softmax(result, q, k, v, state=None, *, start_m=0, start_n=0, n
             raise WarmupError(f"{context}\n  {name} must stay float32 (the running state lives on chip in fp32), "
                               f"got {got.dtype}")
         try:
-            assert_close(got.cpu(), ref, name=name, dtype=q.dtype, row_dim=0, row_label="query rows of the tile",
+            assert_close(got.cpu(), ref, name=name, dtype=q.dtype, row_dim=-len(shape), row_label="query rows of the tile",
                          context=context, hint=hint)
         except CompareError as exc:
             fix = {"m": "the scores, their mask, then m_new (l and acc are built on m)",
