@@ -6,7 +6,7 @@ Nothing here imports torch or student code: the instructor's intent only.
 from __future__ import annotations
 
 import copy
-import zlib
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,9 +27,9 @@ HIDDEN_FILE = "hidden.toml"
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 KINDS = ("forward", "backward", "contract", "lse", "autograd", "backend", "lowp", "speed", "warmup")
-GROUP_KEYS = {"points", "kind", "cases", "causal", "scales", "needs_gpu", "all_or_nothing",
+GROUP_KEYS = {"points", "kind", "cases", "causal", "scales", "q_factors", "needs_gpu", "all_or_nothing",
               "visibility", "reveal", "seed"}
-STEP_KEYS = {"timeout_s", "memory_mb", "cases", "causal", "scales", "visibility", "groups"}
+STEP_KEYS = {"timeout_s", "memory_mb", "cases", "causal", "scales", "q_factors", "visibility", "groups"}
 
 
 class ConfigError(ValueError):
@@ -45,6 +45,7 @@ class Group:
     cases: list[Case]
     causal: list[bool]
     scales: list[float]
+    q_factors: list[float] = field(default_factory=list)    # large scores: q multiplied by each (fp32 only)
     needs_gpu: bool = False
     all_or_nothing: bool = False
     visibility: str = "visible"
@@ -107,10 +108,14 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def group_seed(base: int, name: str, hidden: bool) -> int:
+def group_seed(base: int, name: str, hidden: bool, secret: bytes = b"") -> int:
     """Visible groups share the inputs (forward and backward check the same runs);
-    hidden groups draw their own, so a visible failure report never shows a hidden input."""
-    return base if not hidden else base + zlib.crc32(name.encode()) % 100_000 + 1
+    hidden groups draw their own from ``secret`` (the hidden file's bytes: the worker cannot read
+    them, so it cannot work the seed out from the public config and the group's name)."""
+    if not hidden:
+        return base
+    digest = hashlib.sha256(secret + b"\0" + name.encode() + b"\0" + str(base).encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (2 ** 31 - 1) + 1
 
 
 def load(path: str | Path | None = None, hidden: str | Path | None = None) -> Config:
@@ -118,12 +123,14 @@ def load(path: str | Path | None = None, hidden: str | Path | None = None) -> Co
     path = Path(path) if path else DEFAULT_CONFIG
     raw = tomllib.loads(path.read_text())
     hidden_raw: dict = {}
+    secret = b""
     if hidden:
         hp = Path(hidden)
         hp = hp / HIDDEN_FILE if hp.is_dir() else hp
         if not hp.exists():
             raise ConfigError(f"hidden tests: {hp} does not exist")
-        hidden_raw = tomllib.loads(hp.read_text())
+        secret = hp.read_bytes()
+        hidden_raw = tomllib.loads(secret.decode())
         unknown = set(hidden_raw) - {"step", "grading"}
         if unknown:
             raise ConfigError(f"{hp}: only [grading] and [step.N...] tables belong in a hidden file, got {unknown}")
@@ -169,10 +176,11 @@ def load(path: str | Path | None = None, hidden: str | Path | None = None) -> Co
                 cases=_cases(gt.get("cases", table.get("cases", "all")), where),
                 causal=[bool(c) for c in gt.get("causal", table.get("causal", [False, True]))],
                 scales=[float(s) for s in gt.get("scales", table.get("scales", []))],
+                q_factors=[float(f) for f in gt.get("q_factors", table.get("q_factors", []))],
                 needs_gpu=bool(gt.get("needs_gpu", False)),
                 all_or_nothing=bool(gt.get("all_or_nothing", False)),
                 visibility=vis, reveal=bool(gt.get("reveal", True)),
-                seed=int(gt.get("seed", group_seed(seed, name, is_hidden))),
+                seed=int(gt.get("seed", group_seed(seed, name, is_hidden, secret))),
                 hidden=is_hidden,
             ))
         steps[n] = sc

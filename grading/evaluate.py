@@ -302,16 +302,19 @@ class RuleResult:
 
 
 def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
-                   observed: dict | None = None) -> list[RuleResult]:
+                   observed: dict | None = None, import_guard: dict | None = None) -> list[RuleResult]:
     """Decide each rule from the worker's counters. ``ran_ok``: indices of items whose call succeeded.
 
     ``observed``: what the grader saw itself, to cross-check the counters where it can:
     ``inductor_files`` / ``triton_files``, the files in the worker's compile caches (None: not
-    checkable here, e.g. Triton's interpreter compiles nothing).
+    checkable here, e.g. Triton's interpreter compiles nothing). ``import_guard``: the counters
+    while the step was imported (the instruments watch the import too): the reference or SDPA
+    called there breaks its rule like a call made while a check runs.
     """
     observed = observed or {}
     out = []
     guards = {i: records[i].get("guard", {}) for i in records}
+    at_import = import_guard or {}
 
     def total(key, only=None):
         return sum(int(g.get(key, 0)) for i, g in guards.items() if only is None or i in only)
@@ -321,10 +324,11 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
             out.append(RuleResult(rule, True, "not checked: nothing ran", evaluated=False))
             continue
         if rule == "no_reference":
-            n = total("reference")
-            out.append(RuleResult(rule, n == 0, f"the submission called attnlib's reference_attention/"
-                                  f"reference_backward {n} time(s) while it ran: the grade compares against that "
-                                  "reference, so a step must compute attention itself" if n else ""))
+            n, i = total("reference"), int(at_import.get("reference", 0))
+            out.append(RuleResult(rule, n + i == 0, f"the submission called attnlib's reference_attention/"
+                                  f"reference_backward {n} time(s) while it ran" + (f" (and {i} at import)" if i else "")
+                                  + ": the grade compares against that reference, so a step must compute "
+                                  "attention itself" if n + i else ""))
         elif rule == "compiled":
             n = max((int(g.get("dynamo_graphs", 0)) for g in guards.values()), default=0)
             files = observed.get("inductor_files")
@@ -338,9 +342,10 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
             else:
                 out.append(RuleResult(rule, True))
         elif rule == "no_sdpa":
-            f, b = total("sdpa_fwd"), total("sdpa_bwd")
-            out.append(RuleResult(rule, f + b == 0, f"F.scaled_dot_product_attention ran {f} time(s) in the forward "
-                                  f"and {b} in the backward: this step must compute attention without it" if f + b else ""))
+            f, b, i = total("sdpa_fwd"), total("sdpa_bwd"), int(at_import.get("sdpa_import", 0))
+            out.append(RuleResult(rule, f + b + i == 0, f"F.scaled_dot_product_attention ran {f} time(s) in the "
+                                  f"forward and {b} in the backward" + (f" (and {i} at import)" if i else "")
+                                  + ": this step must compute attention without it" if f + b + i else ""))
         elif rule == "no_nxn":
             probes = [i for i, it in enumerate(items) if it.nxn_probe]
             bad, msg = False, ""

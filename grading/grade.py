@@ -219,6 +219,9 @@ def _lost_message(run: sandbox.WorkerRun, items, timeout_s, memory_mb, budget_s=
         return S_CRASHED, f"killed: the worker went over its {memory_mb} MiB memory limit {where}"
     if run.signal:
         tail = "\n".join(run.stderr_tail.strip().splitlines()[-12:])
+        if any(it.hidden for it in items[:run.sent]):
+            # The worker had a hidden input by then: what it printed is not shown (it could be that input).
+            tail = ""
         return S_CRASHED, (f"crashed: {run.signal}, {SIGNALS.get(run.signal, 'killed by a signal')}, {where}"
                            + (f"\nlast output of the worker:\n{tail}" if tail else ""))
     if not run.done:
@@ -431,7 +434,8 @@ class Grader:
             cache = self.cache or work / "cache"
             observed = {"inductor_files": _count_files(cache / "inductor"),
                         "triton_files": _count_files(cache / "triton") if self.has_gpu else None}
-            res.rules = evaluate_rules(spec.rules, items, run.records, ran_ok_checks, observed)
+            res.rules = evaluate_rules(spec.rules, items, run.records, ran_ok_checks, observed,
+                                       import_guard=(run.import_rec or {}).get("guard"))
         broken = [r for r in res.rules if not r.ok]
         if broken:
             for gr in res.groups:

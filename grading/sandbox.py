@@ -1,12 +1,14 @@
 """Run a step's worker in its own process, and read back what it wrote without trusting it.
 
-Per step: a fresh directory with the task (inputs), an empty ``out/``, a private
-HOME, TMPDIR and cwd; the worker is ``python -I`` in its own session (process
-group), with an address-space cap (CPU), no core dumps, a file-size cap, a
-wall-clock timeout and a resident-memory watchdog. When it ends -- finished,
-crashed, killed -- the whole process group is killed, and the grader reads
-``out/``: regular files only, size-capped, ``torch.load(weights_only=True)``,
-then a schema check that admits plain tensors and plain values, nothing else.
+Per step: a fresh directory with the task (settings only, no input), an empty
+``out/``, a private HOME, TMPDIR and cwd; the worker is ``python -I`` in its own
+session (process group), with an address-space cap (CPU), no core dumps, a
+file-size cap, a wall-clock timeout and a resident-memory watchdog. The inputs go
+down its stdin one item at a time, after its import (``_Channel``), and each
+record in ``out/`` is read back when its item is acknowledged: regular files only,
+size-capped, ``torch.load(weights_only=True)``, then a schema check that admits
+plain tensors and plain values, nothing else. When the worker ends -- finished,
+crashed, killed -- the whole process group is killed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import io
 import os
 import pwd
 import re
+import select
 import shutil
 import signal
 import stat
@@ -235,7 +238,9 @@ class WorkerRun:
     memory_killed: bool = False
     seconds: float = 0.0
     max_rss_mb: float = 0.0
-    progress: str = ""
+    progress: str = ""                             # the item in flight when the worker stopped, if any
+    sent: int = 0                                  # items sent to the worker
+    in_flight: int | None = None                   # the item sent and not yet acknowledged
     stderr_tail: str = ""
     rejected: str | None = None
     tampered: list = field(default_factory=list)
@@ -374,14 +379,119 @@ def worker_env(base: Path, cache: Path, threads: int, extra: dict, has_gpu: bool
     return env
 
 
+def _frame(item) -> bytes:
+    """One item for the worker's stdin: 8 bytes of length, then its task dict as torch.save writes it."""
+    buf = io.BytesIO()
+    torch.save(item.task(), buf)
+    data = buf.getvalue()
+    return len(data).to_bytes(8, "big") + data
+
+
+END_FRAME = (0).to_bytes(8, "big")
+MAX_ACK_LINE = 64
+
+
+class _Channel:
+    """The grader's side of the worker's channel: items out on the worker's stdin, one at a time,
+    each after the worker acknowledged the one before (grading/worker.py is the other side).
+
+    The grader reads a record back the moment its item is acknowledged, before it sends the next
+    item, and reads no later version of it: so record i is fixed before item i + 1 leaves the grader,
+    and nothing of a later input -- the hidden groups' are last -- can be in it, even from a
+    submission that takes over the worker's end of the channel.
+    """
+
+    def __init__(self, items: list, out: Path, run: WorkerRun, items_w: int, ack_r: int):
+        self.items, self.out, self.run = items, out, run
+        self.items_w, self.ack_r = items_w, ack_r
+        self.pending = b""
+        self.expect: str | None = "I"      # the acknowledgement that moves things on
+        self.partial = b""
+        os.set_blocking(items_w, False)
+
+    def wanted(self):
+        r = [self.ack_r] if self.ack_r is not None else []
+        w = [self.items_w] if self.items_w is not None and self.pending else []
+        return r, w
+
+    def on_readable(self) -> bool:
+        """Read acknowledgements; False once the record read back was rejected."""
+        try:
+            data = os.read(self.ack_r, 4096)
+        except BlockingIOError:
+            return True
+        except OSError:
+            data = b""
+        if not data:                               # every holder of the write end is gone
+            os.close(self.ack_r)
+            self.ack_r = None
+            return True
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        self.partial = self.partial[-MAX_ACK_LINE:]
+        for line in lines:
+            if self.expect is None or line.decode("ascii", "replace").strip() != self.expect:
+                continue                           # not the acknowledgement awaited: ignored
+            if not self._seal(self.expect):
+                return False
+            self._next()
+        return True
+
+    def _seal(self, which: str) -> bool:
+        run = self.run
+        try:
+            if which == "I":
+                run.import_rec = _read_record(self.out / "import.pt")
+            else:
+                run.records[int(which)] = _read_record(self.out / f"{which}.pt")
+        except FileNotFoundError:
+            pass                                   # acknowledged, never written: no result
+        except Rejected as exc:
+            run.rejected = str(exc)
+            return False
+        return True
+
+    def _next(self):
+        run = self.run
+        if run.sent < len(self.items):
+            self.pending = _frame(self.items[run.sent])
+            self.expect = str(run.sent)
+            run.in_flight = run.sent
+            run.sent += 1
+        else:
+            self.pending, self.expect, run.in_flight = END_FRAME, None, None
+
+    def on_writable(self):
+        try:
+            n = os.write(self.items_w, self.pending[:2 ** 16])
+            self.pending = self.pending[n:]
+        except BlockingIOError:
+            return
+        except OSError:                            # the worker is gone (EPIPE): nothing more to send
+            self.pending = b""
+        if not self.pending and self.expect is None:
+            self.close_items()
+
+    def close_items(self):
+        if self.items_w is not None:
+            os.close(self.items_w)
+            self.items_w = None
+
+    def close(self):
+        self.close_items()
+        if self.ack_r is not None:
+            os.close(self.ack_r)
+            self.ack_r = None
+
+
 def run_worker(*, base: Path, lib: Path, step: int, root: Path, items: list, rules, timeout_s: float,
                memory_mb: int, threads: int, has_gpu: bool, env_extra: dict | None = None,
                user: str | None = None, guard: GraderFiles | None = None,
                cache: Path | None = None) -> WorkerRun:
     """Run one step's items in a fresh worker under ``base`` (created here).
 
-    ``cache``: compile caches (Inductor, Triton, extensions); default a folder
-    private to this submission, since a cache shared with other submissions
+    The task file holds settings only; the items go to the worker over its stdin, one at a time,
+    after its import (``_Channel``). ``cache``: compile caches (Inductor, Triton, extensions);
+    default a folder private to this submission, since a cache shared with other submissions
     could be poisoned by one of them.
     """
     import resource
@@ -390,8 +500,10 @@ def run_worker(*, base: Path, lib: Path, step: int, root: Path, items: list, rul
         (base / sub).mkdir(parents=True, exist_ok=True)
     for sub in ("inductor", "triton", "torch_extensions"):
         (cache / sub).mkdir(parents=True, exist_ok=True)
+    items_r, items_w = os.pipe()
+    ack_r, ack_w = os.pipe()
     task = {"step": step, "root": str(root), "out_dir": str(base / "out"), "threads": threads,
-            "rules": list(rules), "items": [it.task() for it in items]}
+            "rules": list(rules), "ack_fd": ack_w}
     torch.save(task, base / "task.pt")
     limits = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, MAX_FILE_BYTES)]
     if not has_gpu:   # a CUDA context maps far more address space than it uses: the watchdog caps RSS there
@@ -408,28 +520,21 @@ def run_worker(*, base: Path, lib: Path, step: int, root: Path, items: list, rul
             os.chown(p, pw.pw_uid, pw.pw_gid)
     run = WorkerRun()
     t0 = time.monotonic()
-    with open(base / "stdout.txt", "wb") as out_f, open(base / "stderr.txt", "wb") as err_f:
-        proc = subprocess.Popen(cmd, cwd=base / "cwd", env=worker_env(base, cache, threads, env_extra or {}, has_gpu),
-                                stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                start_new_session=True, close_fds=True, **kwargs)
-        status, ru, delay = 0, None, 0.02
-        while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            elapsed = time.monotonic() - t0
-            if elapsed > timeout_s:
-                run.timed_out = True
-            elif _tree_rss_mb(proc.pid) > memory_mb:
-                run.memory_killed = True
-            if run.timed_out or run.memory_killed:
-                _kill_group(proc.pid)
-                _, status, ru = os.wait4(proc.pid, 0)
-                break
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.2)
-        _kill_group(proc.pid)                  # whatever it left behind in its group
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    try:
+        with open(base / "stdout.txt", "wb") as out_f, open(base / "stderr.txt", "wb") as err_f:
+            proc = subprocess.Popen(cmd, cwd=base / "cwd",
+                                    env=worker_env(base, cache, threads, env_extra or {}, has_gpu),
+                                    stdin=items_r, stdout=out_f, stderr=err_f, pass_fds=(ack_w,),
+                                    start_new_session=True, close_fds=True, **kwargs)
+    finally:
+        os.close(items_r)
+        os.close(ack_w)
+    chan = _Channel(items, base / "out", run, items_w, ack_r)
+    try:
+        status, ru = _watch(proc, chan, run, t0, timeout_s, memory_mb)
+    finally:
+        chan.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
     run.seconds = time.monotonic() - t0
     run.max_rss_mb = (ru.ru_maxrss / 1024) if ru is not None else 0.0
     if os.WIFSIGNALED(status):
@@ -439,44 +544,84 @@ def run_worker(*, base: Path, lib: Path, step: int, root: Path, items: list, rul
     if guard is not None:
         run.tampered = guard.changed()
     run.stderr_tail = read_text_tail(base / "stderr.txt")
+    run.progress = "" if run.in_flight is None else str(run.in_flight)
     _collect(run, base / "out", len(items))
     return run
 
 
+def _watch(proc, chan: _Channel, run: WorkerRun, t0: float, timeout_s: float, memory_mb: int):
+    """Feed the worker and watch it until it ends: wall clock, resident memory of its whole process
+    tree, and the channel. Returns wait4's (status, rusage)."""
+    delay, last_rss = 0.02, 0.0
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        now = time.monotonic()
+        if now - t0 > timeout_s:
+            run.timed_out = True
+        elif now - last_rss > 0.05:
+            last_rss = now
+            run.memory_killed = _tree_rss_mb(proc.pid) > memory_mb
+        if run.timed_out or run.memory_killed or run.rejected:
+            _kill_group(proc.pid)
+            _, status, ru = os.wait4(proc.pid, 0)
+            break
+        r, w = chan.wanted()
+        try:
+            readable, writable, _ = select.select(r, w, [], delay)
+        except InterruptedError:
+            continue
+        if writable:
+            chan.on_writable()
+        if readable and not chan.on_readable():
+            continue                               # rejected: killed at the top of the loop
+        delay = 0.02 if (readable or writable) else min(delay * 1.5, 0.2)
+    _kill_group(proc.pid)                          # whatever it left behind in its group
+    return status, ru
+
+
+def _read_record(path: Path) -> dict:
+    """load_record, with a link or an unreadable file turned into a rejection."""
+    try:
+        return load_record(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Rejected("an output file is a symbolic link") from None
+        raise Rejected(f"an output file could not be read: {exc}") from None
+
+
 def _collect(run: WorkerRun, out: Path, n: int):
+    """What only the end of the run can tell: the import's record when it failed (no item was sent),
+    the record of the item in flight when the worker stopped, and whether it finished."""
     try:
         st = os.lstat(out)
         if not stat.S_ISDIR(st.st_mode):
             run.rejected = "the output folder was replaced by something else"
-            return
     except FileNotFoundError:
         run.rejected = "the output folder was removed"
-        return
-    run.progress = read_text_tail(out / "progress", 300).replace("\n", " ").strip()
-    try:
-        run.import_rec = load_record(out / "import.pt")
-        for i in range(n):
-            try:
-                run.records[i] = load_record(out / f"{i}.pt")
-            except FileNotFoundError:
-                continue
+    if not run.rejected:
         try:
-            done = load_record(out / "done.pt")
-            run.done = done.get("n") == n
+            if run.import_rec is None and run.sent == 0:
+                run.import_rec = _read_record(out / "import.pt")
+            if run.in_flight is not None and run.in_flight not in run.records:
+                run.records[run.in_flight] = _read_record(out / f"{run.in_flight}.pt")
         except FileNotFoundError:
             pass
-    except FileNotFoundError:
-        pass
-    except Rejected as exc:
-        run.rejected = str(exc)
+        except Rejected as exc:
+            run.rejected = str(exc)
+        if not run.rejected and run.sent == n and run.in_flight is None:
+            try:
+                run.done = _read_record(out / "done.pt").get("n") == n
+            except FileNotFoundError:
+                pass
+            except Rejected as exc:
+                run.rejected = str(exc)
+    if run.rejected:
         run.records.clear()
         run.import_rec = None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            run.rejected = "an output file is a symbolic link"
-        else:
-            run.rejected = f"an output file could not be read: {exc}"
-        run.records.clear()
 
 
 def new_workdir(prefix="grading-") -> Path:

@@ -2,11 +2,16 @@
 
     python -I -c "<boot>" TASK.pt          (started by grading/sandbox.py, never by hand)
 
-It loads the task the grader wrote (inputs as plain tensors), installs the
-instrumentation for the step's rules, imports the step from the submission
-folder, runs each item and writes what came back -- tensors and a few plain
-values, nothing else -- to ``out/<index>.pt``, one file per item, as it goes.
-It compares nothing and scores nothing: the grader does both, in its own
+TASK.pt holds settings only (step, rules, threads, where to write, the ack
+pipe's number): no input. The worker installs the instrumentation for the
+step's rules, imports the step from the submission folder with it watching,
+and only then reads the items -- one at a time, from its stdin, a pipe the
+grader feeds (``read_item``): the grader sends the next item once the worker
+acknowledged the last one (``ack``), and the hidden groups' items come last.
+So nothing the submission runs at import can see an input, and no call can
+see an input that comes after it. Each item's result -- tensors and a few
+plain values, nothing else -- goes to ``out/<index>.pt`` as it goes. The
+worker compares nothing and scores nothing: the grader does both, in its own
 process, on the tensors it reads back (weights_only, schema-checked).
 
 Everything recorded here (which ops ran, how many Triton launches, what the
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
 import os
 import sys
 import time
@@ -438,10 +444,63 @@ def _save(obj, path: Path):
     os.replace(tmp, path)
 
 
+# ---------------------------------------------------------------------------
+# The channel: items in on stdin, acknowledgements out on an inherited pipe
+# ---------------------------------------------------------------------------
+# An item is a frame: 8 bytes of big-endian length, then the item's dict as torch.save wrote it
+# (plain tensors and values, loaded with weights_only). A frame of length 0 ends the run. After
+# the import and after each item's record is saved, the worker writes one line to the ack pipe:
+# "I" after the import, then the item's index. (grading/sandbox.py is the other side.)
+
+FRAME_HEADER = 8
+
+
+def open_channel(ack_fd: int) -> tuple[int, int]:
+    """Take the items pipe off fd 0 (stdin reads /dev/null from here on, so a submission's
+    input() does not eat an item) and keep both pipes from the submission's child processes."""
+    items_fd = os.dup(0)                       # os.dup: not inherited by children
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.set_inheritable(ack_fd, False)
+    return items_fd, ack_fd
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None                        # the grader closed the pipe: no more items
+        buf += chunk
+    return bytes(buf)
+
+
+def read_item(fd: int) -> dict | None:
+    """The next item from the grader, or None when it sent the end (or closed the pipe)."""
+    os.set_blocking(fd, True)                  # whatever the submission did to the pipe's flags
+    head = _read_exact(fd, FRAME_HEADER)
+    if head is None:
+        return None
+    size = int.from_bytes(head, "big")
+    if size == 0:
+        return None
+    data = _read_exact(fd, size)
+    if data is None:
+        return None
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def ack(fd: int, what: str):
+    with contextlib.suppress(OSError):         # the grader went away: nothing left to tell it
+        os.write(fd, f"{what}\n".encode())
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     task = torch.load(argv[0], weights_only=True)
     out = Path(task["out_dir"])
+    items_fd, ack_fd = open_channel(int(task["ack_fd"]))
     faulthandler.enable()                       # a segfault prints where it happened (to our stderr file)
     torch.set_num_threads(max(1, int(task["threads"])))
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 tolerance assumes true fp32 products
@@ -452,14 +511,16 @@ def main(argv=None):
     t0 = time.perf_counter()
     try:
         from attnlib.loader import load_step
-        mod = load_step(int(task["step"]), root)
+        with g.watch("import"):                 # SDPA or the reference at import counts too
+            mod = load_step(int(task["step"]), root)
         g.after_import(mod)
     except BaseException as exc:  # noqa: BLE001 - a SyntaxError, an ImportError, a sys.exit at import
         _save({"error": _error("import", exc, root + os.sep)}, out / "import.pt")
         return 0
     _save({"seconds": time.perf_counter() - t0, "guard": g.snapshot()}, out / "import.pt")
-    for i, it in enumerate(task["items"]):
-        (out / "progress").write_text(f"{i}\n{it['id']}")
+    ack(ack_fd, "I")
+    i = 0
+    while (it := read_item(items_fd)) is not None:
         t = time.perf_counter()
         g.counts.clear()
         g.max_numel, g.max_desc = 0, ""
@@ -467,7 +528,9 @@ def main(argv=None):
         rec["seconds"] = time.perf_counter() - t
         rec["guard"] = g.snapshot()
         _save(rec, out / f"{i}.pt")
-    _save({"n": len(task["items"])}, out / "done.pt")
+        ack(ack_fd, str(i))
+        i += 1
+    _save({"n": i}, out / "done.pt")
     return 0
 
 

@@ -353,7 +353,7 @@ plt.show()
 # `HGMMA`). cuDNN's backend is faster still: it uses Hopper's bulk tensor copies (TMA) and warp
 # specialization (some warps only load, others only compute), which this kernel does not.
 #
-# How much would TMA alone buy? `bench/triton_fwd_tma.py` loads Q, K and V through Triton's tensor
+# How much would TMA alone buy? `bench/experiments/triton_fwd_tma.py` loads Q, K and V through Triton's tensor
 # descriptors (Hopper's TMA) in an otherwise identical kernel. On the H200
 # (`results/h200/triton/README.md`): nothing at D = 64 (1.341 against 1.347 ms on the leaderboard
 # shape, same tiles); at D = 128 it makes 128 x 128 tiles pay, 1.13-1.17x faster than this kernel's

@@ -234,7 +234,7 @@ print(f"step 06 fwd+bwd for N >= 2048: {min(ratios):.2f}-{max(ratios):.2f}x SDPA
 #
 # The CS336 2025 leaderboard shape (B=1, H=16, N=16384, D=64, bf16, causal, forward + backward) was
 # timed once more with every kernel alone and every `dq_mode` over several tile sets, each checked
-# against the float64 reference first (`bench/triton_lb_variants.py`):
+# against the float64 reference first (`bench/experiments/triton_lb_variants.py`):
 
 # %%
 lb = json.loads((RESULTS / "triton" / "lb_variants.json").read_text())
@@ -261,19 +261,19 @@ for mode in ("separate", "atomic", "fused"):
 # the 4.3 ms backward, running its four products at about 360 TFLOP/s, while the dQ kernel ran its
 # three at about 570. Fusing the two launches did not help (9% slower at its best tiles: one warp
 # count for two phases), nor did loading the forward's tiles by TMA at D = 64
-# (`bench/triton_fwd_tma.py`, results/h200/triton/).
+# (`bench/experiments/triton_fwd_tma.py`, results/h200/triton/).
 #
 # ## 8. Closing the gap: the dK/dV kernel
 #
 # Why would one kernel run at 360 TFLOP/s and its sibling at 570? Compile both for the H200 without
-# one (`python bench/triton_dkdv_variants.py --aot-check` runs Triton's compiler and `ptxas` for
+# one (`python bench/experiments/triton_dkdv_variants.py --aot-check` runs Triton's compiler and `ptxas` for
 # sm_90 on a laptop) and read the register count: at 64x128 tiles on 8 warps the dK/dV kernel took
 # 186 registers a thread, so an SM (65536 registers) holds **one** program of 256 threads; the dQ
 # kernel took 128 and fits two. With one program per SM, every wait for a matrix product is a stall;
 # with two, the other program's work fills it.
 #
 # Two changes, each tried on a copy of the kernel and checked against the float64 reference before
-# it was timed (`bench/triton_dkdv_variants.py`):
+# it was timed (`bench/experiments/triton_dkdv_variants.py`):
 #
 # - **`maxnreg=128`** (a launch option): Triton asks `ptxas` to fit in 128 registers, so two 8-warp
 #   programs share an SM. At 32x128 tiles it fits with no spills; at 64x128 it spills 300+ bytes.

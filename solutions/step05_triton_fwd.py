@@ -43,7 +43,7 @@ where bf16 dots are wrong: use fp32 or fp16 there.
 Not done here (the next steps on Hopper, and why cuDNN's backend is still 5-40%
 faster): TMA bulk copies through tensor descriptors instead of cp.async pointer
 loads, and warp specialization (producer warps that only load, consumer warps that
-only compute). An experiment with TMA (bench/triton_fwd_tma.py, results/h200/triton/)
+only compute). An experiment with TMA (bench/experiments/triton_fwd_tma.py, results/h200/triton/)
 found no gain at D=64 and 1.13-1.17x at D=128 with 128x128 tiles.
 """
 

@@ -134,7 +134,7 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
         # D=128 grid: full attention 2-5% faster fwd+bwd, causal within 3%. With two programs
         # per SM (the causal D <= 64 table below) the other program already hides the wait:
         # 2.43 with it, 2.38 without (results/h200/triton/dkdv_variants_*.json, this
-        # kernel's copy in bench/).
+        # kernel's copy in bench/experiments/).
         # TODO(Step 06): recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
         raise NotImplementedError('Step 06: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query')
         if ATOMIC_DQ:

@@ -79,7 +79,16 @@ HOSTILE = {
     "aten_sdpa": ([4], {4: (0.0, "rule broken")}, ["F.scaled_dot_product_attention ran"], {}),
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
     "syntax_error": ([1], {1: (0.0, "import error")}, ["SyntaxError"], {}),
+    # Issue 14, hole 1: every input read from the task file at import, answered from an SDPA cache (10/10
+    # before the inputs moved to a pipe); the same from the public seed, SDPA at import caught by the rule;
+    # a step that steals the later items off the pipe, hidden ones included, to print them (MUST_NOT_SAY).
+    "precompute": ([4], {4: (0.0, "failed")}, ["pre-computed 0 outputs at import (read: task.pt)"], {}),
+    "precompute_from_seed": ([4], {4: (0.0, "rule broken")},
+                             ["ran 0 time(s) in the forward and 0 in the backward (and 30 at import)"], {}),
+    "peek_ahead": ([1], {1: (0.0, "crashed")}, ["crashed: SIGSEGV"], {"hidden": True}),
 }
+# Strings the report (every output a student or an instructor's export gets) must not hold.
+MUST_NOT_SAY = {"peek_ahead": ["stolen", "1x3x70x48", "q70"]}
 
 
 def present(step):
@@ -143,7 +152,7 @@ def graded(tmp_path_factory):
             shutil.copyfile(REPO / "solutions" / "step03_sdpa.py", dst / "step03_sdpa.py")
         if 2 in steps and (dst / "step02_compile.py").exists() and not (dst / "step01_naive.py").exists():
             shutil.copyfile(REPO / "solutions" / "step01_naive.py", dst / "step01_naive.py")   # what step 02 compiles
-        jobs.append((name, dst, steps, tweak, None))
+        jobs.append((name, dst, steps, tweak, FIX / "hidden" if tweak.get("hidden") else None))
     # The same bug, graded with the hidden tests merged in.
     spec = next(s for s in WRONG if s["name"] == "step01-causal-off-by-one")
     jobs.append(("hidden:" + spec["name"], base / spec["name"], [1], {}, FIX / "hidden"))
@@ -153,6 +162,7 @@ def graded(tmp_path_factory):
         conf = cfg.load(TEST_CONFIG, hidden)
         tweak = dict(tweak)
         private = tweak.pop("private_cache", False)      # as for any stranger's submission
+        tweak.pop("hidden", None)                          # graded with the hidden tests: ``hidden`` above
         for key, val in tweak.items():
             for n in steps:
                 setattr(conf.steps[n], key, val)
@@ -217,6 +227,11 @@ def test_hostile_submission(graded, name, tmp_path_factory):
         assert (s.points, s.status) == (pytest.approx(points, abs=1e-3), status), f"{name}, step {n}:\n{text}"
     for needle in needles:
         assert needle in text, f"{name}: the report does not say {needle!r}\n{text}"
+    text += "\n" + junit(g)
+    for secret in MUST_NOT_SAY.get(name, []):
+        assert secret not in text, (f"{name}: the report shows {secret!r}, which the submission read from an input "
+                                    "sent after the check it reports on: a record read after a later item was sent "
+                                    f"(sandbox._Channel), or a crash's output quoted after a hidden item\n{text}")
     if name == "evil_pickle":
         assert not aimed(tmp_path_factory, name).exists(), "the grader unpickled the submission's object: its command ran"
     if name == "tamper":
@@ -422,6 +437,33 @@ def test_items_on_a_gpu_machine():
         assert any(it.kind == "time" for it in items) == any(g.kind == "speed" for g in sc.groups)
     items, skipped = build_items(7, conf.steps[7].groups, has_gpu=False)
     assert items == [] and len(skipped) == len(conf.steps[7].groups)
+
+
+def test_hidden_items_go_last_and_draw_from_a_seed_the_worker_cannot_know(tmp_path):
+    """The worker gets items in this order, one at a time: no visible call comes after a hidden input.
+    A hidden group's seed comes from the hidden file's bytes, not from the public seed and its name."""
+    from grading.spec import build_items
+    conf = cfg.load(TEST_CONFIG, FIX / "hidden")
+    items, _ = build_items(1, conf.steps[1].groups, has_gpu=False)
+    # Step 04 with a hidden group: its N x N probes (built after the groups) must still come first.
+    step4 = tmp_path / "step4.toml"
+    step4.write_text('[step.4.groups.hidden_fwd]\nkind = "forward"\npoints = 1\nreveal = false\n'
+                     'cases = [{ batch = [1, 1], nq = 20, nk = 70, d = 16 }]\n')
+    items4, _ = build_items(4, cfg.load(TEST_CONFIG, step4).steps[4].groups, has_gpu=False)
+    assert any(it.nxn_probe for it in items4)
+    for its in (items, items4):
+        order = [it.hidden for it in its]
+        assert any(order) and order == sorted(order), (
+            f"a visible item is sent after a hidden one ({[it.id for it in its]}): build_items must put "
+            "the hidden groups' items last")
+        assert all(c.group.startswith("hidden") for it in its if it.hidden for c in it.checks)
+    assert all(set(it.task()) <= {"kind", "q", "k", "v", "is_causal", "scale", "device", "grads", "nxn_probe",
+                                  "extra", "dout", "bad_q", "bad_k", "bad_v"} for it in items), "the worker gets an id or a seed"
+    seed = next(g for g in conf.steps[1].groups if g.hidden).seed
+    other = tmp_path / "hidden.toml"
+    other.write_text((FIX / "hidden" / "hidden.toml").read_text() + "# one more line: another secret\n")
+    assert next(g for g in cfg.load(TEST_CONFIG, other).steps[1].groups if g.hidden).seed != seed, (
+        "the hidden group's seed does not depend on the hidden file: a worker could work it out")
 
 
 # ---------------------------------------------------------------------------

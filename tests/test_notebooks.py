@@ -1,10 +1,14 @@
-"""The notebooks: their text sources, the one switch, and a run of each from notebooks/.
+"""The notebooks: their text sources, the one switch, and a run of each from notebooks/ on the
+implementation under test (``--impl``). What concerns the course's solutions/ (show_region on them,
+the answers to the exercises, no notebook reading them) is in tests/test_notebooks_solutions.py,
+which a student release does not hold.
 
 Each notebook's source is ``notebooks/NN_name.py`` (jupytext percent format), paired with the
 ``NN_name.ipynb`` that Jupyter opens; `make notebooks` writes the .ipynb from the .py.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,33 +65,6 @@ def test_one_switch_in_every_notebook(path):
         f"it starts with:\n{code[0][:300] if code else '(no code cell)'}")
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
-def test_no_notebook_reads_solutions_behind_the_switch(path):
-    """With IMPL = "steps" a notebook must not show the code the student is about to write."""
-    text = path.read_text()
-    for needle in ('"solutions"', "'solutions'", "solutions/"):
-        for line in text.splitlines():
-            if needle in line and not line.lstrip().startswith("#"):
-                pytest.fail(f"{path.name} names solutions/ in code: {line.strip()!r}; read files through "
-                            "attnlib.nb.show_region or load_step, which follow IMPL")
-
-
-@pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/")
-def test_show_region_follows_impl(tmp_path):
-    """Notebook 07's regions: a TODO from a stub, the code from solutions/; never solutions' code for a stub.
-    (Pristine stubs, generated into a temporary folder: your own steps/ may hold your code.)"""
-    from attnlib import stubgen
-    from attnlib.nb import show_region
-    stubgen.write(stubgen.SOLUTIONS, tmp_path / "steps")
-    sol = show_region("step07_fwd_v1.cu", "online softmax", impl="solutions")
-    stub = show_region("step07_fwd_v1.cu", "online softmax", impl=tmp_path / "steps")
-    assert ">>> STUDENT" in sol and "fmaxf" in sol
-    assert "TODO(Step 07): online softmax" in stub
-    code = [line.strip() for line in sol.splitlines()[1:-1] if len(line.strip()) > 3 and not line.strip().startswith("//")]
-    leaked = [line for line in code if line in stub]
-    assert not leaked, f"with IMPL = steps the region shows solution lines: {leaked}"
-
-
 def _course_installed() -> bool:
     """`make setup` installs the course (`pip install -e .`); a bare GPU image (make gpu-check) does not."""
     from importlib import metadata
@@ -112,31 +89,51 @@ def test_attnlib_imports_from_notebooks_without_pythonpath():
     assert Path(r.stdout.strip()) == REPO, f"attnlib comes from {r.stdout.strip()}, not this checkout {REPO}"
 
 
+def _steps_run_by(path: Path) -> list[int]:
+    """The steps a notebook runs: its own (if it is a step's) and every ``load_step(N)`` in its source."""
+    from attnlib.contract import STEPS
+    own = {int(path.name[:2])} & set(STEPS)
+    return sorted(own | {int(n) for n in re.findall(r"load_step\((\d+)", path.with_suffix(".py").read_text())})
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not (REPO / "solutions").is_dir(), reason="a student release has no solutions/ to run them on")
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path):
-    """Executed as Jupyter would from notebooks/, with no PYTHONPATH, against solutions/ (small sizes)."""
+    """Executed as Jupyter would from notebooks/, with no PYTHONPATH, on the implementation under test
+    (``--impl``: your steps/ by default; the course's `make test` gives solutions/), at small sizes."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
+    from attnlib.contract import STEPS
+    from attnlib.loader import impl_root
+    root = impl_root()
+    lacking = [f"{STEPS[n][0]}.py" for n in _steps_run_by(path) if not (root / f"{STEPS[n][0]}.py").exists()]
+    if lacking:
+        pytest.skip(f"{path.name} runs {', '.join(lacking)}, which {root} lacks")
     nb = nbformat.read(path, as_version=4)
     old = dict(os.environ)
-    env = _env_without_pythonpath(ATTN_IMPL="solutions", MPLBACKEND="Agg")     # before the clear below
+    env = _env_without_pythonpath(ATTN_IMPL=str(root), MPLBACKEND="Agg")     # before the clear below
     os.environ.clear()
     os.environ.update(env)
+    stub = None
     try:
         client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                          resources={"metadata": {"path": str(NB_DIR)}})
         client.execute()
+    except nbclient.exceptions.CellExecutionError as exc:
+        if exc.ename != "NotImplementedError":
+            raise
+        stub = exc.evalue                   # one line, not the cell's whole traceback
     finally:
         os.environ.clear()
         os.environ.update(old)
+    if stub is not None:
+        pytest.fail(f"NOT IMPLEMENTED: {path.name} runs {root} and stops at a stub: {stub}", pytrace=False)
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
 def test_notebook_ends_with_references_and_exercises(path):
-    """Every notebook ends with its references and two or three exercises, answered in solutions/EXERCISES.md."""
-    import re
+    """Every notebook ends with its references and two or three exercises (their answers: the course's
+    tests/test_notebooks_solutions.py)."""
     text = path.read_text()
     refs, ex = text.rfind("# ## References"), text.rfind("# ## Exercises")
     assert 0 < refs < ex, f"{path.name}: end with '## References' then '## Exercises'"
@@ -144,12 +141,6 @@ def test_notebook_ends_with_references_and_exercises(path):
         assert must in text[refs:ex], f"{path.name}: the references lack {must}"
     n_ex = len(re.findall(r"^# (\d)\. ", text[ex:], flags=re.M))
     assert 2 <= n_ex <= 3, f"{path.name}: {n_ex} exercises"
-    answers = REPO / "solutions" / "EXERCISES.md"
-    if answers.exists():
-        section = re.search(rf"^## {path.stem[:2]} .*?(?=^## |\Z)", answers.read_text(), flags=re.M | re.S)
-        assert section, f"solutions/EXERCISES.md has no section '## {path.stem[:2]} ...'"
-        n_ans = len(re.findall(r"^(\d)\. ", section.group(0), flags=re.M))
-        assert n_ans == n_ex, f"{path.name}: {n_ex} exercises, {n_ans} answers in solutions/EXERCISES.md"
 
 
 @pytest.mark.slow

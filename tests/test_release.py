@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,11 +28,9 @@ from grading.package import PackageError, _student_notebook, build_release
 REPO = Path(__file__).resolve().parent.parent
 QUICK_STEPS = [1, 3]          # two quick steps: the release's quick check stays well under a minute
 
-# Released tests that still load solutions/ (files the release does not own); deselected in the
-# quick check below and listed by test_released_tests_never_name_solutions until they are fixed.
-NAMES_SOLUTIONS = ["tests/test_step04_flash_torch.py::test_watch_catches_naive_attention",
-                   # this venv's editable install is the course checkout's, not the release's
-                   "tests/test_notebooks.py::test_attnlib_imports_from_notebooks_without_pythonpath"]
+# Deselected in the quick check below, which borrows this interpreter: its editable install of the
+# course (`pip install -e .`) is this checkout, not the release, and this test says so.
+BORROWED_VENV = ["tests/test_notebooks.py::test_attnlib_imports_from_notebooks_without_pythonpath"]
 
 
 def _course(tmp_path: Path) -> Path:
@@ -81,13 +81,25 @@ def test_leak_check_finds_disguised_solution_lines(tmp_path):
 
 
 def test_release_build_fails_on_a_planted_leak(tmp_path, monkeypatch):
-    # bench/triton_fwd_tma.py holds a whole Triton forward kernel (step 05's answer): put it on the list.
-    monkeypatch.setattr(package, "RELEASE_FILES", package.RELEASE_FILES + ["bench/triton_fwd_tma.py"])
+    # bench/experiments/triton_fwd_tma.py holds a whole Triton forward kernel (step 05's answer): put it on the list.
+    monkeypatch.setattr(package, "RELEASE_FILES", package.RELEASE_FILES + ["bench/experiments/triton_fwd_tma.py"])
     out = tmp_path / "release"
-    with pytest.raises(PackageError, match=r"bench/triton_fwd_tma.py \(line \d+\) holds solutions/step05") as exc:
+    leak = r"bench/experiments/triton_fwd_tma.py \(line \d+\) holds solutions/step05"
+    with pytest.raises(PackageError, match=leak) as exc:
         build_release(out, steps=[1, 2, 3])
     assert "would leak" in str(exc.value)
     assert not out.exists(), "a release that failed its leak check was left behind"
+
+
+def test_release_build_fails_on_a_test_that_names_solutions(tmp_path, monkeypatch):
+    # tests/test_notebooks_solutions.py checks solutions/ itself: released, it would fail there.
+    maintainers = "tests/test_notebooks_solutions.py"
+    monkeypatch.setattr(package, "NEVER", [p for p in package.NEVER if p != maintainers])
+    monkeypatch.setattr(package, "RELEASE_FILES", package.RELEASE_FILES + [maintainers])
+    out = tmp_path / "release"
+    with pytest.raises(PackageError, match=r"name solutions/, which the release lacks: tests/test_notebooks_solutions"):
+        build_release(out, steps=QUICK_STEPS)
+    assert not out.exists(), "a release that failed its check was left behind"
 
 
 def test_release_holds_only_listed_files(tmp_path):
@@ -98,8 +110,11 @@ def test_release_holds_only_listed_files(tmp_path):
         assert (f in rep["written"] or f.startswith("steps/")
                 or package._released(f, [])), f"{f} is in the release but not on its list"
     assert not any(f.endswith(".log") or f.startswith(("solutions/", "grading/gradescope/")) for f in files)
-    assert not any(f.startswith("bench/triton_") or f == "bench/cuda_gpu.py" for f in files)
+    assert not any(f.startswith(("bench/triton_", "bench/experiments/")) or f == "bench/cuda_gpu.py" for f in files)
     assert "tests/test_step04_flash_torch.py" not in files and "steps/step03_sdpa.py" in files
+    assert "tests/test_notebooks.py" in files
+    assert not any(f in files for f in ("tests/test_stubs.py", "tests/test_notebooks_solutions.py")), \
+        "a maintainer's test of solutions/ is in the release"
     for name, text in stubgen.generate(REPO / "solutions").items():
         if leaks.step_of(name) in QUICK_STEPS:
             assert (rel / "steps" / name).read_text() == text, f"steps/{name} is not the stub of solutions/{name}"
@@ -125,16 +140,34 @@ def test_full_release_has_no_solution_line(tmp_path):
     assert len(rep["leaks_allowed"]) == len(leaks.ALLOWED), "an entry of grading.leaks.ALLOWED matches nothing"
 
 
-@pytest.mark.xfail(strict=True, reason="tests/test_notebooks.py forces ATTN_IMPL=solutions, "
-                   "tests/test_step04_flash_torch.py loads step 01 from solutions/ and tests/test_step07_cuda.py "
-                   "asserts a file under solutions/csrc, notebooks/07_cuda.ipynb reads its code from solutions/ "
-                   "(files this branch does not own)")
 def test_released_tests_never_name_solutions():
     """In the release there is no solutions/: a released test or notebook that names it fails there."""
     named = [rel for rel in package._repo_files()
              if rel.startswith(("tests/", "notebooks/")) and package._released(rel, [])
              and rel != "conftest.py" and package._mentions_solutions(package._code_of(REPO / rel))]
-    assert named == []
+    assert named == [], (f"released files that name solutions/, which the release lacks: {named}; load through "
+                         "the `load` fixture (the implementation under test), or, for a maintainer's test of "
+                         "solutions/, put it in a file that grading/package.py's NEVER keeps out")
+
+
+def test_released_notebooks_find_the_results_they_read():
+    """A released notebook that reads `RESULTS / "file"` (results/h200/) finds that file in the release
+    (a result not yet committed is the notebook's to guard: it says so when it runs)."""
+    repo_files = package._repo_files()
+    wanted = []
+    for nb in sorted((REPO / "notebooks").glob("[0-9][0-9]_*.py")):
+        if not package._released(nb.relative_to(REPO).as_posix(), []):
+            continue
+        text = nb.read_text()
+        if "RESULTS = " in text:
+            assert 'RESULTS = REPO / "results" / "h200"' in text, f"{nb.name}: RESULTS is not results/h200"
+        for chain in re.findall(r'RESULTS((?:\s*/\s*f?"[^"]+")+)', text):
+            parts = [re.sub(r"\{[^}]*\}", "*", x) for x in re.findall(r'"([^"]+)"', chain)]
+            wanted.append((nb.name, "/".join(["results/h200", *parts])))
+    assert len(wanted) > 10, f"the notebooks' reads of results/ were not found: {wanted}"
+    missing = [(name, f) for name, pat in wanted for f in repo_files
+               if fnmatch.fnmatch(f, pat) and not package._released(f, [])]
+    assert not missing, f"released notebooks read results that the release leaves out (RELEASE_FILES): {missing}"
 
 
 @pytest.mark.slow
@@ -145,7 +178,7 @@ def test_release_filled_with_solutions_passes_its_quick_check(tmp_path):
         if leaks.step_of(p.name) not in QUICK_STEPS:
             continue
         shutil.copyfile(p, rel / "steps" / p.name)
-    deselect = " ".join(f"--deselect {t}" for t in NAMES_SOLUTIONS if (rel / t.split("::")[0]).exists())
+    deselect = " ".join(f"--deselect {t}" for t in BORROWED_VENV if (rel / t.split("::")[0]).exists())
     env = {k: v for k, v in os.environ.items() if k != "ATTN_IMPL"}
     proc = subprocess.run(["make", "quick", f"PYTHON={sys.executable}", "--no-print-directory"],
                           cwd=rel, capture_output=True, text=True, timeout=600,

@@ -6,8 +6,8 @@ What is checked, in order:
      strip version (``attention``) and the double loop (``attention_loops``);
   2. the memory claim: every operation of the forward and the backward is watched,
      and no tensor may be as large as an Nq x Nk score matrix, nor any fused
-     attention op called. The same watcher is shown to catch step 01's naive
-     attention and SDPA, so a pass means something;
+     attention op called. The same watcher is shown to catch naive attention (ATen's
+     math backend, forward and backward) and SDPA, so a pass means something;
   3. causal tiles above the diagonal are skipped (fewer FLOPs, counted);
   4. the autograd contract: exactly one float32 (..., Nq) tensor, the LSE, saved;
   5. the torch.compile variant, on two shapes (it compiles per shape: ~10-20 s each).
@@ -27,7 +27,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from attnlib.cases import CASES, device_dtype_params
 from attnlib.checks import check_attention, check_lse, check_saved_lse
 from attnlib.inputs import make_dout, make_qkv
-from attnlib.loader import load_step
 
 pytestmark = pytest.mark.step04
 
@@ -208,13 +207,19 @@ def test_no_score_matrix_anywhere(load, fn, is_causal, nq, nk):
         f"(here {strip:,} elements for all {n_bh} heads together)")
 
 
+def _naive(q, k, v, is_causal):
+    """Naive attention with its N x N scores, forward and backward: SDPA's math backend, which ATen
+    writes as matmul, softmax, matmul (no fused op). PyTorch's own, so this test of the watch needs
+    neither your step 01 nor the course's."""
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=is_causal)[0]
+
+
 def test_watch_catches_naive_attention():
     """Without this, a watch that sees nothing would pass every implementation."""
-    naive = load_step(1, "solutions").attention
     q, k, v = make_qkv(B=1, H=2, Nq=256, Nk=200, D=16, seed=5)
-    w = _watch(naive, q, k, v, is_causal=True)
+    w = _watch(_naive, q, k, v, is_causal=True)
     big = _too_big(w, q, k)
-    assert big, "the watch missed step 01's N x N score matrix"
+    assert big, "the watch missed naive attention's N x N score matrix"
     assert any(ph == "backward" for *_, ph in big), "the watch missed the backward's N x N tensors"
     assert w.largest[2][-2:] == (256, 200)
 

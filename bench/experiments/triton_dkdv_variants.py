@@ -1,17 +1,37 @@
-"""Why is step 06's dK/dV kernel slow? Alternative dK/dV kernels, checked, compiled and timed against it.
+"""Experiment: why is step 06's dK/dV kernel slow? Alternative dK/dV kernels, checked, compiled and timed against it.
 
-At the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, bf16, causal) on an H200, step 06's
+Answer (two H200 runs, 2026-11-30 02:14 and 02:24 UTC: results/h200/triton/dkdv_variants_0214.json,
+dkdv_0214.log, dkdv_variants_0224.json, dkdv_0224.log; the table is in results/h200/triton/README.md,
+"The dK/dV kernel (later the same day): 5.60 -> 5.29 ms", and in notebook 06, section 8). Occupancy
+and the wait on each product: at 64x128 on 8 warps the kernel used 186 registers, one program per
+SM. Of the changes below, two paid (kernel alone, "control" 2.616 ms): 32x128 on 8 warps capped at
+128 registers, two programs per SM ("2cta", 2.384), and V dO^T issued right after K Q^T
+("early-dp", 2.439); K and V from registers, the tutorial's formulation, the host pre-scale and the
+heavy-first grid did not. Step 06 took both (commit 567f908): its dK/dV kernel 2.50 ms, forward +
+backward 5.29 ms, under the 5.36 ms target. Open: step 06's own kernel runs 7-12% slower than
+"control" at the same tiles (the README's last paragraph; ptxas: 186 registers for step 06, 225 for
+the copy).
+
+How the kernel here differs from step 06's ``_bwd_dkdv_kernel`` (solutions/step06_triton_bwd.py):
+``_dkdv_var_kernel`` with every flag off ("control") is step 06's dK/dV loop as it was before commit
+567f908 -- the same stage split (masked diagonal, unmasked body, masked tail) and the same math,
+but dP = V dO^T computed after dV += P^T dO, where step 06 now issues it right after K Q^T (that is
+the EARLY_DP flag) -- restricted to contiguous (B, H, N, D) inputs with one row stride, Nq == Nk, D
+in 16..128 with no padding, and no atomic dQ. Each flag adds one change to that copy. Step 06's own
+rows run step 06 itself (solutions/, launched by its ``backward()`` and recorded), not a copy.
+
+Question. At the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, bf16, causal) on an H200, step 06's
 ``_bwd_dkdv_kernel`` ran at about 360 TFLOP/s on its four matrix products and the dQ kernel at about
 570 TFLOP/s on its three (results/h200/triton/lb.log; its kernel rows used that run's table tiles,
 32x128 w4 s4 for dK/dV: 3.04 ms; the table has since moved to 64x128 w8 s4, about 2.8 ms by the
 backward totals of the same run). Each kernel below is a candidate explanation of the gap turned into
 a fix; one run checks every one against the float64 reference and times it against step 06's own
 kernel, launched exactly as step 06's ``backward()`` launches it (captured, as
-bench/triton_lb_variants.py does), at the current table's tiles and at the old ones.
+bench/experiments/triton_lb_variants.py does), at the current table's tiles and at the old ones.
 
-    python bench/triton_dkdv_variants.py --out DIR            # an H200: about 40-70 s; no timing starts after 110 s
-    python bench/triton_dkdv_variants.py --small              # a CPU: Triton's interpreter, fp32 / fp16 (~1 min)
-    python bench/triton_dkdv_variants.py --aot-check          # no GPU: compile every kernel for sm_90 and report
+    python bench/experiments/triton_dkdv_variants.py --out DIR            # an H200: about 40-70 s; no timing starts after 110 s
+    python bench/experiments/triton_dkdv_variants.py --small              # a CPU: Triton's interpreter, fp32 / fp16 (~1 min)
+    python bench/experiments/triton_dkdv_variants.py --aot-check          # no GPU: compile every kernel for sm_90 and report
     ... --variants control,2cta,k-regs                        # a subset, extras included (step 06's rows always run)
 
 What the compile report (``--aot-check``: sm_90 code from Triton's bundled ptxas, no GPU) shows of step
@@ -64,7 +84,7 @@ Not here: ``tl.range(..., num_stages=...)`` per loop (the diagonal loops run BLO
 iterations, so their pipeline prologue costs one fill per program, ~1%; shared memory does not limit
 occupancy, registers do), ``out_dtype`` / accumulator forms (every product already accumulates in
 fp32, the two accumulating ones in place, ``tl.dot(a, b, acc)``), tile sweeps of step 06's kernel
-(done: 38 candidates within 3%, results/h200/), TMA and warp specialization (bench/triton_fwd_tma.py:
+(done: 38 candidates within 3%, results/h200/), TMA and warp specialization (bench/experiments/triton_fwd_tma.py:
 no gain in the forward; warp specialization NaN with 3 stages, slower with 2).
 
 The run:
@@ -107,7 +127,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 T_START = time.time()
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]    # the repository root: bench/experiments/../..
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -120,7 +140,8 @@ import triton.language as tl  # noqa: E402
 
 from bench.core import machine_info  # noqa: E402
 from bench.core import time_ms as bench_ms  # noqa: E402  (do_bench median on a GPU)
-from bench.triton_lb_variants import errors, first_line, make_inputs, steps  # noqa: E402
+from bench.experiments.triton_lb_variants import (errors, first_line, make_inputs,  # noqa: E402
+                                                  record_launches, steps)
 
 LOG2E = 1.4426950408889634
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -417,32 +438,13 @@ def variant_launch(var: Variant, q, k, v, do, lse, delta, causal, scale, prep=Tr
     return Launch(var.name, _dkdv_var_kernel, grid, args, kwargs), host, dk, dv
 
 
-S06_KERNELS = ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel")
-
-
 def step06_launches(s6, q, k, v, o, lse, do, causal, scale, config, run=True):
-    """Step 06's ``backward()`` with its kernels wrapped: [Launch] in launch order (preprocess, dK/dV, dQ),
-    each with the grid and arguments ``backward()`` gave it, and backward()'s (dQ, dK, dV). ``run=False``
-    records without launching (the compile report: no GPU)."""
-    launches, saved = [], {n: getattr(s6, n) for n in S06_KERNELS}
-
-    class Recorder:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append(Launch(self.name, self.kernel, grid, args, kwargs))
-                return self.kernel[grid](*args, **kwargs) if run else None
-            return launch
-    try:
-        for n in S06_KERNELS:
-            setattr(s6, n, Recorder(n, saved[n]))
-        out = s6.backward(q, k, v, o, lse, do, causal, scale, config=config, dq_mode="separate")
-    finally:
-        for n in S06_KERNELS:
-            setattr(s6, n, saved[n])
-    return launches, out
+    """Step 06's ``backward()`` with its launches recorded (triton_lb_variants.record_launches): [Launch] in
+    launch order (preprocess, dK/dV, dQ), each with the grid, arguments and launch options ``backward()`` gave
+    it, and backward()'s (dQ, dK, dV). ``run=False`` records without launching (the compile report: no GPU)."""
+    log, out = record_launches(s6, lambda: s6.backward(q, k, v, o, lse, do, causal, scale, config=config,
+                                                       dq_mode="separate"), run=run)
+    return [Launch(*x) for x in log], out
 
 
 def step06_config(s6, shape, dtype, causal, device, dkdv=None):
@@ -744,7 +746,7 @@ def run_checks(jobs, workers, deadline):
             results[(r["name"], r["set"], r["causal"])] = r
         return results
     import multiprocessing as mp
-    from bench import triton_dkdv_variants as mod     # workers import this module by that name: one Triton cache key
+    from bench.experiments import triton_dkdv_variants as mod     # workers import this module by that name: one Triton cache key
     n = 0
     try:
         with mp.get_context("spawn").Pool(workers) as pool:
@@ -807,7 +809,7 @@ def main(argv=None):
         return aot_main(args, variants if args.variants else VARIANTS + EXTRA_VARIANTS)
     small = args.small
     if not small and not torch.cuda.is_available():
-        print("bench/triton_dkdv_variants.py needs a CUDA GPU (or --small for the CPU interpreter, "
+        print("bench/experiments/triton_dkdv_variants.py needs a CUDA GPU (or --small for the CPU interpreter, "
               "--aot-check for the sm_90 compile report)")
         return 1
     out_dir = args.out or REPO / "out" / "dkdv_variants"
@@ -1031,6 +1033,6 @@ def main(argv=None):
 if __name__ == "__main__":
     # Run the module under its package name, so that the pool's workers (which import it by that name) and this
     # process share Triton's cache keys (they include the kernel's module name).
-    from bench import triton_dkdv_variants as _this
+    from bench.experiments import triton_dkdv_variants as _this
     _this.T_START = T_START                           # the budget counts from this process's start
     sys.exit(_this.main())

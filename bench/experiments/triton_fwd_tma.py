@@ -1,6 +1,23 @@
 """Experiment: does loading Q/K/V through Hopper TMA (Triton tensor descriptors) speed up step 05?
 
-One self-contained file. The kernel below is step 05's ``_attn_fwd_kernel`` math unchanged (exp2
+Answer (one H200 run, 2026-11-30 01:03 UTC: results/h200/triton/fwd_tma.json and tma.log; told in
+results/h200/triton/README.md, "What they say", at the end of notebook 05 and in step 05's
+docstring). Not at D=64: 1.341 against 1.347 ms at the leaderboard shape with the same tiles,
+0.98-1.03x elsewhere. At D=128, TMA with 128x128 tiles ran 1.17x (causal) and 1.13x (not causal)
+faster than step 05's table, 1.05-1.07x at the table's own tiles; pointer loads at 128x128 were
+not timed at D=128, so how much of that is the tile size is still open. Warp specialization
+(``warp_specialize=True``, device-side descriptors, 4 warps): NaN with 3 stages on every shape,
+correct and 1.2-1.3x slower with 2. Step 05 kept its pointer loads; issue 17 (TMA, warp
+specialization and wgmma on Hopper) starts from here.
+
+How the kernel here differs from step 05's ``_attn_fwd_kernel`` (solutions/step05_triton_fwd.py):
+same math and schedule (below), but every tile moves by TMA through descriptors on a 2-D
+(B*H*N, D) view, so it takes only what TMA can address without masks: contiguous inputs, Nq == Nk,
+N a multiple of both tiles, D a power of two; plus the flags step 05 lacks (one masked causal loop,
+warp specialization, O stored by pointers). The "step05_ptr_*" and "step05_default" rows run
+step 05 itself (solutions/, through attnlib.loader), not a copy.
+
+The kernel below is step 05's ``_attn_fwd_kernel`` math unchanged (exp2
 with log2(e) folded into the scale, causal keys split into unmasked tiles [0, hi_full) and masked
 diagonal tiles [hi_full, hi), heaviest query tiles first, LSE stored in natural log), restricted to
 what TMA needs: contiguous (B, H, N, D) fp16/bf16 inputs viewed as 2-D (B*H*N, D), D in {64, 128}
@@ -28,9 +45,9 @@ caught and recorded per row; the JSON is rewritten after every row; a watchdog w
 if one row hangs (--row-limit-s) or the run passes --hard-limit-s.
 
 Usage (repo root):
-    python3 bench/triton_fwd_tma.py --out $OUT/tma --budget-s 90     # on the H200
-    python3 bench/triton_fwd_tma.py --cpu-check                       # no GPU: Triton interpreter, tiny sizes
-    python3 bench/triton_fwd_tma.py --aot-check                       # no GPU: compile every variant for sm_90
+    python3 bench/experiments/triton_fwd_tma.py --out $OUT/tma --budget-s 90     # on the H200
+    python3 bench/experiments/triton_fwd_tma.py --cpu-check                       # no GPU: Triton interpreter, tiny sizes
+    python3 bench/experiments/triton_fwd_tma.py --aot-check                       # no GPU: compile every variant for sm_90
 """
 
 import os
@@ -53,7 +70,7 @@ import traceback
 from dataclasses import dataclass, asdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]    # the repository root: bench/experiments/../..
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

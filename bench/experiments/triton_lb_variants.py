@@ -1,7 +1,29 @@
-"""Step 06's backward variants on the CS336 leaderboard shape, in one GPU call: check, then time.
+"""Experiment: step 06's backward at the CS336 leaderboard shape -- which dq_mode and tiles, and which kernel holds the time?
 
-    python bench/triton_lb_variants.py --out DIR          # an H200: about 60-100 s; no timing starts after 120 s
-    python bench/triton_lb_variants.py --small --out DIR  # a CPU, Triton's interpreter, tiny fp32 sizes
+Question. B=1, H=16, N=16384, D=64, bf16, causal, forward + backward took step 06 5.74 ms on the
+H200, against the leaderboard's best 5.36 ms (an H100). Which ``dq_mode`` ("separate", "atomic",
+"fused") and which tiles make its backward fastest, and how is the backward split between kernels?
+
+Answer (one H200 run, 2026-11-30 01:02 UTC: results/h200/triton/lb_variants.json and lb.log; told
+in results/h200/triton/README.md, "What they say", and read by notebook 06, section 7).
+Forward + backward with the best backward of each mode: separate 5.60 ms, atomic 5.83, fused 5.97
+(SDPA-FLASH 7.01, cuDNN 4.35); the backward alone 4.29 / 4.54 / 4.66 ms. Fusing the two launches
+costs more (one num_warps / num_stages for both phases) than the balanced causal work saves. The
+separate backward: preprocess 0.03 ms, dK/dV kernel 3.04 (about 360 TFLOP/s on its four
+products), dQ kernel 1.44 (about 570 on its three): the dK/dV kernel is the one to speed up, which
+triton_dkdv_variants.py then did. Step 06's table took the better dK/dV tiles; "separate" stayed
+its default.
+
+Kernels: step 06's and step 05's own (solutions/, through attnlib.loader), no copies. The tile
+candidates below are those of the morning of 11-30; step 06's table has moved since (causal
+D <= 64: 32x128 on 8 warps, maxnreg=128), and each run times the table's current config of each
+mode first. Changed since the run: step 06 now launches its kernels as
+``wrap_triton(configured(kernel, config))[grid](...)``, so the per-kernel rows record those launches
+(``record_launches``) instead of replacing the kernels in step 06's module.
+
+
+    python bench/experiments/triton_lb_variants.py --out DIR          # an H200: about 60-100 s; no timing starts after 120 s
+    python bench/experiments/triton_lb_variants.py --small --out DIR  # a CPU, Triton's interpreter, tiny fp32 sizes
 
 Shape: B=1, H=16, N=16384, D=64, bf16, causal, forward + backward (target 5.36 ms).
 
@@ -45,7 +67,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]    # the repository root: bench/experiments/../..
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -83,7 +105,6 @@ FUSED = [                              # (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2
 ]
 KERNEL_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 FUSED_KEYS = ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages")
-BWD_KERNELS = ("_bwd_preprocess", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_fused_kernel")
 
 
 def steps():
@@ -254,29 +275,43 @@ def sdpa_errors(backend, shape, dtype, device, causal):
 
 # %% Launch capture: each backward kernel alone --------------------------------------------------------
 
-def capture_launches(s6, fn):
-    """Run ``fn()`` with step 06's kernels wrapped; return ``[(kernel name, relaunch)]`` in launch order,
-    each relaunch a closure that runs that kernel again with the same grid and arguments."""
-    log, saved = [], {n: getattr(s6, n) for n in BWD_KERNELS}
+def record_launches(s6, fn, run=True):
+    """Run ``fn()`` (a call of ``s6.backward``) with step 06's kernel launches recorded; return
+    ``([(kernel name, kernel, grid, args, kwargs)], fn's result)`` in launch order. ``kwargs`` holds the
+    launch options (num_warps, num_stages, maxnreg) of the config step 06 launched with, so that
+    ``kernel[grid](*args, **kwargs)`` is that launch again; ``run=False`` records without launching.
 
-    class Recorder:
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
+    Step 06 launches every kernel as ``wrap_triton(configured(kernel, config))[grid](...)``
+    (attnlib.ops.configured: a one-config autotuner carrying the launch options), so the recorder
+    stands in for ``wrap_triton`` in step 06's module while ``fn()`` runs. (Until step 06 became a
+    PyTorch operator it launched ``kernel[grid](..., num_warps=...)`` itself, and this function
+    replaced the kernels instead; ``configured`` cannot wrap such a stand-in.)"""
+    log, real = [], s6.wrap_triton
 
-        def __getitem__(self, grid):
-            launch = self.kernel[grid]
+    def recording_wrap(tuned):
+        configs = getattr(tuned, "configs", None)            # an autotuner from ``configured``, or a kernel
+        kernel = tuned.fn if configs is not None else tuned
+        opts = configs[0].all_kwargs() if configs else {}
 
-            def run(*args, **kwargs):
-                log.append((self.name, self.kernel, grid, args, kwargs))
-                return launch(*args, **kwargs)
-            return run
+        class Launcher:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    log.append((kernel.fn.__name__, kernel, grid, args, dict(kwargs, **opts)))
+                    return real(tuned)[grid](*args, **kwargs) if run else None
+                return launch
+        return Launcher()
+    s6.wrap_triton = recording_wrap
     try:
-        for n in BWD_KERNELS:
-            setattr(s6, n, Recorder(n, saved[n]))
-        fn()
+        out = fn()
     finally:
-        for n in BWD_KERNELS:
-            setattr(s6, n, saved[n])
+        s6.wrap_triton = real
+    return log, out
+
+
+def capture_launches(s6, fn):
+    """Run ``fn()`` with step 06's launches recorded; return ``[(kernel name, relaunch)]`` in launch order,
+    each relaunch a closure that runs that kernel again with the same grid, arguments and launch options."""
+    log, _ = record_launches(s6, fn)
     return [(name, lambda kern=kern, g=g, a=a, kw=kw: kern[g](*a, **kw)) for name, kern, g, a, kw in log]
 
 
@@ -324,7 +359,7 @@ def main(argv=None):
     t0 = time.time()
     small = args.small
     if not small and not torch.cuda.is_available():
-        print("bench/triton_lb_variants.py needs a CUDA GPU (or --small for the CPU interpreter)")
+        print("bench/experiments/triton_lb_variants.py needs a CUDA GPU (or --small for the CPU interpreter)")
         return 1
     device, dtype = ("cpu", torch.float32) if small else ("cuda", torch.bfloat16)
     shape, check_shape = (SMALL_SHAPE, SMALL_CHECK) if small else (GPU_SHAPE, GPU_CHECK)

@@ -1,0 +1,1 @@
+"""One-off experiments beside the benchmark tool: one file per question (README.md lists them)."""
