@@ -117,11 +117,14 @@ class Evaluator:
         return fn
 
     def _close(self, group, actual, expected, *, name, it: Item, quantity, dtype=None, row_dim=-2,
-               row_label="query rows", dout=None):
+               row_label="query rows", dout=None, tiles=None):
         ctx = describe(it.q, it.k, it.is_causal, it.scale).replace(", cpu,", f", {it.device},")
         scale = it.scale if it.scale is not None else 1 / math.sqrt(it.q.shape[-1])
+        # tiles: the forward's own (Bq, Bk) as its Triton launches gave them (worker._forward_tiles);
+        # without them the diagnosis simulates the usual sizes.
+        sizes = {"tile": tiles["k"], "tile_q": tiles["q"]} if tiles and quantity in ("o", "lse") else {}
         hint = self._hint(group, lambda: likely_bug(quantity, actual, it.q, it.k, it.v, is_causal=it.is_causal,
-                                                    scale=scale, dout=dout, row_dim=row_dim))
+                                                    scale=scale, dout=dout, row_dim=row_dim, **sizes))
         try:
             assert_close(actual, expected, name=name, dtype=dtype or it.dtype, row_dim=row_dim,
                          row_label=row_label, context=ctx, hint=hint)
@@ -146,7 +149,7 @@ class Evaluator:
         if err and err.get("phase") == "forward":
             _from_error(err)
         o = self._output(it, rec)
-        self._close(c.group, o, self._refs(it).o, name="O", it=it, quantity="o")
+        self._close(c.group, o, self._refs(it).o, name="O", it=it, quantity="o", tiles=rec["meta"].get("tiles"))
 
     def check_grads(self, c: Check, it: Item, rec: dict):
         if rec.get("error"):
@@ -177,17 +180,18 @@ class Evaluator:
                        f"got {rec['meta'].get('o_type')} of length {rec['meta'].get('len')}")
         o = self._output(it, rec, what=it.extra["fn"])
         r = self._refs(it)
-        self._close(c.group, o, r.o, name="O", it=it, quantity="o")
-        self._lse(c.group, rec["tensors"]["lse"], it)
+        tiles = rec["meta"].get("tiles")
+        self._close(c.group, o, r.o, name="O", it=it, quantity="o", tiles=tiles)
+        self._lse(c.group, rec["tensors"]["lse"], it, tiles=tiles)
 
-    def _lse(self, group, lse, it: Item, what="the LSE"):
+    def _lse(self, group, lse, it: Item, what="the LSE", tiles=None):
         want = tuple(it.q.shape[:-1])
         if tuple(lse.shape) != want:
             raise Fail(f"{what} must be shaped (..., Nq) = {want}, got {tuple(lse.shape)}")
         if lse.dtype != torch.float32:
             raise Fail(f"{what} must be float32 whatever the input dtype, got {lse.dtype}")
         self._close(group, lse, self._refs(it).lse, name="LSE", it=it, quantity="lse",
-                    dtype=torch.float32, row_dim=-1)
+                    dtype=torch.float32, row_dim=-1, tiles=tiles)
 
     def check_saved(self, c: Check, it: Item, rec: dict):
         if rec.get("error"):

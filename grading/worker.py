@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from attnlib.diagnose import launched_tiles
+
 MAX_MSG = 4000
 MAX_SAVED = 16
 
@@ -245,15 +247,23 @@ def _leaves(it, grads):
     return [it[n].to(dev).requires_grad_(grads) for n in ("q", "k", "v")]
 
 
+def _forward_tiles(tiles) -> dict:
+    """The forward's own query and key tile sizes (BLOCK_M, BLOCK_N), when its Triton launches all
+    agreed on both: a diagnosis then names the student's tiles instead of simulating sizes."""
+    bq, bk = tiles.get("BLOCK_M"), tiles.get("BLOCK_N")
+    return {"q": bq, "k": bk} if bq and bk else {}
+
+
 def run_attn(mod, it, g, root):
     rec = {"tensors": {}, "meta": {}}
     q, k, v = _leaves(it, it["grads"])
     try:
-        with g.watch("fwd", it["nxn_probe"]):
+        with g.watch("fwd", it["nxn_probe"]), launched_tiles() as tiles:
             out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
     except BaseException as exc:  # noqa: BLE001 - a student's SystemExit is a failure too
         rec["error"] = _error("forward", exc, root)
         return rec
+    rec["meta"]["tiles"] = _forward_tiles(tiles)
     rec["meta"]["o_type"] = type(out).__name__
     if not isinstance(out, torch.Tensor):
         return rec
@@ -282,11 +292,12 @@ def run_lse(mod, it, g, root):
                         "message": f"the step has no function {it['extra']['fn']}(q, k, v, is_causal, scale)"}
         return rec
     try:
-        with g.watch("fwd"):
+        with g.watch("fwd"), launched_tiles() as tiles:
             res = fn(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
     except BaseException as exc:  # noqa: BLE001
         rec["error"] = _error("forward", exc, root)
         return rec
+    rec["meta"]["tiles"] = _forward_tiles(tiles)
     rec["meta"]["o_type"] = type(res).__name__
     if isinstance(res, (tuple, list)) and len(res) == 2 and all(isinstance(t, torch.Tensor) for t in res):
         rec["tensors"]["o"], rec["tensors"]["lse"] = _cpu(res[0]), _cpu(res[1])
