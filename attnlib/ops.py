@@ -121,8 +121,14 @@ def configured(kernel, config):
     return tuned
 
 
-def _jit_functions(kernel):
-    """The ``@triton.jit`` functions a kernel's module can call (its globals), in source order."""
+def _jit_functions(kernel, whole_module=True):
+    """The ``@triton.jit`` functions ``kernel`` can reach, in source order.
+
+    ``whole_module``: every one in the kernel's module (its globals: a step that checks one kernel
+    covers its siblings too), plus what they call elsewhere (step 08's kernel calls step 05's
+    ``_fwd_inner``, which calls ``online_softmax_tile``). ``False``: only what the kernel calls,
+    directly or not (a warm-up kernel is stubbed only when the helpers it calls are).
+    """
     from triton.runtime.jit import JITFunction
     try:
         from triton.runtime.interpreter import InterpretedFunction
@@ -133,27 +139,35 @@ def _jit_functions(kernel):
     while not hasattr(fn, "__globals__") and hasattr(fn, "fn"):      # autotuner -> jit -> function
         fn = fn.fn
     found = {}
-    for obj in getattr(fn, "__globals__", {}).values():
-        if isinstance(obj, kinds):
-            fn = getattr(obj, "fn", None)
-            if fn is not None and hasattr(fn, "__code__"):
-                found[id(obj)] = fn
+    todo = [fn] if hasattr(fn, "__code__") else []
+    if whole_module:
+        todo += [getattr(obj, "fn", None) for obj in getattr(fn, "__globals__", {}).values() if isinstance(obj, kinds)]
+    while todo:                              # the closure over the names each function uses
+        f = todo.pop()
+        if f is None or not hasattr(f, "__code__") or id(f) in found:
+            continue
+        found[id(f)] = f
+        for name in f.__code__.co_names:
+            obj = f.__globals__.get(name)
+            if isinstance(obj, kinds):
+                todo.append(getattr(obj, "fn", None))
     return sorted(found.values(), key=lambda f: (f.__code__.co_filename, f.__code__.co_firstlineno))
 
 
 _STUBBED: dict = {}
 
 
-def raise_if_stubbed(kernel) -> None:
-    """Raise the first ``NotImplementedError('Step NN: ...')`` left in ``kernel``'s module's Triton code.
+def raise_if_stubbed(kernel, whole_module=True) -> None:
+    """Raise the first ``NotImplementedError('Step NN: ...')`` left in ``kernel``'s module's Triton code
+    (``whole_module=False``: in the Triton code ``kernel`` calls, as a warm-up kernel does).
 
     On a GPU such a ``raise`` stops Triton's compiler ("unsupported AST node") with a traceback
     that buries the hint; in the interpreter it raises only once reached. Checked once per kernel.
     """
-    key = id(kernel)
+    key = (id(kernel), whole_module)
     if key not in _STUBBED:
         message = None
-        for fn in _jit_functions(kernel):
+        for fn in _jit_functions(kernel, whole_module):
             try:
                 src = inspect.getsource(fn)
             except (OSError, TypeError):

@@ -74,7 +74,7 @@ class Fail(Exception):
 
 def _error_text(err: dict) -> str:
     where = {"import": "importing the step", "forward": "the forward", "backward": "the backward",
-             "valid": "a valid input"}.get(err.get("phase"), err.get("phase", "?"))
+             "valid": "a valid input", "warmup": "the warm-up"}.get(err.get("phase"), err.get("phase", "?"))
     text = f"{err.get('type', 'Error')} in {where}: {err.get('message', '')}".rstrip()
     if err.get("traceback"):
         text += "\n" + err["traceback"]
@@ -263,9 +263,26 @@ class Evaluator:
         if not isinstance(ms, float) or not math.isfinite(ms) or ms <= 0:
             raise Fail(f"no time measured (got {ms!r})")
 
+    def check_warmup(self, c: Check, it: Item, rec: dict):
+        """Step 05's warm-ups: the helper's result against its PyTorch spec (attnlib/warmups.py)."""
+        from attnlib.warmups import WarmupError, check_call
+        if rec.get("error"):
+            _from_error(rec["error"])
+        if not int(rec.get("guard", {}).get("triton_warmup", 0)):
+            raise Fail(f"{it.extra['fn']} launched no Triton kernel: the warm-up must run its kernel, which calls "
+                       "your helper")
+        n = int(rec["meta"].get("n_out", 0))
+        outs = [rec["tensors"].get(f"out{i}") for i in range(n)]
+        if not outs or any(t is None for t in outs):
+            raise Fail(f"{it.extra['fn']} must return tensors, got {rec['meta'].get('o_type', 'nothing')}")
+        try:
+            check_call(it.extra["fn"], it.extra["args"], it.extra["kwargs"], outs if n > 1 else outs[0])
+        except WarmupError as exc:
+            raise Fail(str(exc)) from None
+
     CHECKS = {"o": check_o, "grads": check_grads, "o+grads": check_o_grads, "lse": check_lse,
               "saved": check_saved, "raises": check_raises, "backend": check_backend,
-              "chosen": check_chosen, "time": check_time}
+              "chosen": check_chosen, "time": check_time, "warmup": check_warmup}
 
     def evaluate(self, c: Check, it: Item, rec: dict) -> CheckResult:
         try:

@@ -418,16 +418,19 @@ class Grader:
         res.groups = list(groups.values())
         # Nothing pays before the forward is right somewhere on this device: a stub whose CUDA kernel
         # returns whatever its TODO leaves in memory still passes the input checks, and must score 0.
+        # Step 05's warm-ups pay on their own: each tests one helper the student wrote (a stub's
+        # raises), so a student with the helpers done and the kernel not yet gets their points.
         forward = [gr for gr in res.groups if gr.graded and gr.checks and gr.group.kind == "forward"]
         if forward and not any(gr.n_passed for gr in forward):
             for gr in res.groups:
-                if gr.points:
+                if gr.points and gr.group.kind != "warmup":
                     gr.points = 0.0
                     gr.note = "pays once the forward is right on at least one input"
 
         # Rules: any broken rule zeroes the step
         if not step_problem and not imp_err:
-            ran_ok_checks = {i for i in ran_ok if items[i].checks}
+            # The rules are about attention; a warm-up's launches are not the forward's (and are counted apart).
+            ran_ok_checks = {i for i in ran_ok if items[i].checks and items[i].kind != "warmup"}
             cache = self.cache or work / "cache"
             observed = {"inductor_files": _count_files(cache / "inductor"),
                         "triton_files": _count_files(cache / "triton") if self.has_gpu else None}

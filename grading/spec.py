@@ -56,7 +56,7 @@ STEP_SPECS: dict[int, StepSpec] = {
     2: StepSpec(_BASE, ("no_reference", "compiled")),
     3: StepSpec(_BASE + ("backend",), ("no_reference",)),
     4: StepSpec(_FLASH, ("no_reference", "no_sdpa", "no_nxn")),
-    5: StepSpec(_FLASH, ("no_reference", "no_sdpa", "triton_fwd"), runs_on="triton"),
+    5: StepSpec(_FLASH + ("warmup",), ("no_reference", "no_sdpa", "triton_fwd"), runs_on="triton"),
     6: StepSpec(_FLASH, ("no_reference", "no_sdpa", "triton_fwd", "triton_bwd"), runs_on="triton"),
     7: StepSpec(_FLASH, ("no_reference", "no_sdpa", "extension"), runs_on="cuda"),
     # 08, 09: graded through their dense `attention` (every (batch, head) a packed sequence; a window
@@ -99,13 +99,13 @@ SDPA_OPS = {
 @dataclass
 class Check:
     group: str
-    what: str        # "o", "grads", "o+grads", "lse", "saved", "raises", "backend", "chosen", "time"
+    what: str        # "o", "grads", "o+grads", "lse", "saved", "raises", "backend", "chosen", "time", "warmup"
     name: str        # shown to the student: the input it ran on
 
 
 @dataclass
 class Item:
-    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time
+    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time | warmup
     id: str
     q: torch.Tensor
     k: torch.Tensor
@@ -172,6 +172,8 @@ def placement(spec: StepSpec, has_gpu: bool, kind: str) -> list[tuple[str, torch
         return [("cpu", torch.float16)] if spec.runs_on in ("cpu", "triton") else None
     if kind == "speed":
         return [("cuda", torch.float16)] if has_gpu else None
+    if kind == "warmup":       # step 05's helpers alone (attnlib/warmups.py): fp32 and fp16 wherever the step runs
+        return [("cuda" if has_gpu else "cpu", dt) for dt in (torch.float32, torch.float16)]
     if spec.runs_on == "cuda":
         return [("cuda", torch.float16)] if has_gpu else None
     if spec.runs_on == "triton" and has_gpu:
@@ -264,6 +266,15 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
                     key = f"chosen/{case.id}/{causal}/{_dtname(dtype)}/{device}"
                     it = get(key, lambda: Item("chosen_backend", key, q, k, v, causal, None, device))
                     it.checks.append(Check(g.name, "chosen", f"chosen_backend {_check_name(case, causal, None, dtype, device)}"))
+            elif g.kind == "warmup":
+                if (device, dtype) != where[0]:
+                    continue                       # one pass builds every dtype's calls (key_range has none)
+                from attnlib.warmups import grader_calls
+                for n_call, call in enumerate(grader_calls([dt for _, dt in where], device, g.seed)):
+                    key = f"warmup/{n_call}/{g.seed}/{device}"
+                    it = get(key, lambda: Item("warmup", key, *(torch.empty(0),) * 3, device=device,
+                                               extra={"fn": call["fn"], "args": call["args"], "kwargs": call["kwargs"]}))
+                    it.checks.append(Check(g.name, "warmup", call["name"]))
             elif g.kind == "speed":
                 case = SPEED_CASE
                 key = f"time/{case.id}/{_dtname(dtype)}"

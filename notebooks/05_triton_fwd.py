@@ -25,9 +25,11 @@
 # 1. write a one-tile attention kernel, launch it, and watch it fail when the keys need two tiles;
 # 2. print from inside a kernel (on a laptop, Triton runs kernels in its *interpreter*);
 # 3. see why the kernel works in base 2 (`exp2`, with $\log_2 e$ folded into the scale);
-# 4. check your `steps/step05_triton_fwd.py` against the float64 reference;
-# 5. count the causal tiles that are skipped and the ones that are masked;
-# 6. see what tile sizes, warps and pipeline stages do on an H200, and the recorded speeds.
+# 4. write the kernel's pieces first, each tested alone (warm-ups: a tile load, one key tile of the
+#    online softmax, the key range of a query tile);
+# 5. check your `steps/step05_triton_fwd.py` against the float64 reference;
+# 6. count the causal tiles that are skipped and the ones that are masked;
+# 7. see what tile sizes, warps and pipeline stages do on an H200, and the recorded speeds.
 #
 # Without a GPU, `setup()` sets `TRITON_INTERPRET=1` before anything imports Triton: kernels then
 # run as NumPy code, one program after another (slow, but you can print and step through them).
@@ -163,7 +165,64 @@ print("softmax, base 2:", (torch.exp2(s2 - m2) / l)[:3].numpy())
 print("LSE:", torch.logsumexp(s, 0).item(), "=", ((m2 + torch.log2(l)) * math.log(2)).item())
 
 # %% [markdown]
-# ## 4. Check your kernel
+# ## 4. Warm-ups: the kernel's pieces, one at a time
+#
+# The kernel is three helpers you write and a loop that calls them: `load_tile` (a tile of a strided
+# matrix, masked at its edges), `online_softmax_tile` (one key tile of the online softmax) and
+# `key_range` (which key tiles a query tile visits, and which of them need a mask). Each has a
+# warm-up in `step05_triton_fwd.py`: a tiny kernel that calls that helper alone, and a launcher that
+# returns what it computed, so you can test a helper the moment it is written, in the spirit of
+# Triton-Puzzles. `attnlib/warmups.py` holds each helper's spec in PyTorch (float64) and a check
+# that says where a result is wrong and what the likely bug is; `pytest -m step05
+# tests/test_step05_warmups.py` runs them all, and the grader's `warmups` group pays for them even
+# before the kernel works.
+#
+# **`load_tile`.** A 5 x 7 matrix inside a buffer of NaN: a tile that runs past its last row must
+# read 0 there, never the NaN next door.
+
+# %%
+from attnlib import warmups
+buf = torch.full((8, 12), float("nan"), device=device)
+x = buf[1:6, 2:9]                                     # 5 x 7, row stride 12: a view, not a copy
+x.copy_(torch.arange(35.0).reshape(5, 7))
+tile = step05.warmup_load_tile(x, 2, 0, 4, 8)         # rows 2-5, cols 0-7: past the last row and column
+print(tile)
+warmups.check_load_tile(tile.cpu(), x.cpu(), 2, 0, 4, 8)
+print("load_tile: matches the spec")
+
+# %% [markdown]
+# **`online_softmax_tile`.** Sixteen queries meet 64 keys in two tiles of 32: the state `(m, l, acc)`
+# after the first tile goes into the second. $m$ is in base-2 units (section 3); `acc / l` after the
+# last tile is the attention output.
+
+# %%
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(n, 16, generator=g) for n in (16, 64, 64))
+state = None
+for start_n in (0, 32):
+    kt, vt = k[start_n:start_n + 32], v[start_n:start_n + 32]
+    new = step05.warmup_online_softmax_tile(q.to(device), kt.to(device), vt.to(device), state,
+                                            start_n=start_n, n_keys=64)
+    new = tuple(t.cpu() for t in new)
+    warmups.check_online_softmax(new, q, kt, vt, state, start_n=start_n, n_keys=64)
+    state = new
+    print(f"after keys {start_n}-{start_n + 31}: row 0 has m = {state[0][0]:.3f} (base 2), l = {state[1][0]:.3f}")
+m, l, acc = (t.double() for t in state)
+ref = torch.softmax(q.double() @ k.double().T * 16 ** -0.5, -1) @ v.double()
+print(f"acc / l against softmax(q k^T * scale) v: max |err| = {(acc / l[:, None] - ref).abs().max():.2e}")
+
+# %% [markdown]
+# **`key_range`.** Causal, 100 queries and keys, 32-row query tiles, 16-key tiles: per query tile,
+# `(hi_full, hi)`. Keys below `hi_full` run unmasked, `[hi_full, hi)` masked, the rest never.
+
+# %%
+ranges = step05.warmup_causal_key_range(100, 100, 32, 16, device=device)
+warmups.check_key_range(ranges.cpu(), 100, 100, 32, 16)
+for t, (hi_full, hi) in enumerate(ranges.tolist()):
+    print(f"query rows {32 * t:3d}-{min(32 * t + 31, 99):3d}: keys [0, {hi_full}) unmasked, [{hi_full}, {hi}) masked")
+
+# %% [markdown]
+# ## 5. Check your kernel
 #
 # `attention_with_lse` returns $O$ and the LSE; both are compared with the float64 reference. The
 # shapes are awkward on purpose: 17 and 100 rows are no multiple of a tile, $N_q \ne N_k$, and
@@ -184,7 +243,7 @@ for (B, H, nq, nk, d) in [(1, 2, 17, 17, 32), (1, 2, 100, 33, 32), (1, 3, 65, 65
 
 
 # %% [markdown]
-# ## 5. Which causal tiles run
+# ## 6. Which causal tiles run
 #
 # For the query tile starting at row `start_m`, the kernel splits the keys in two stages:
 # `[0, hi_full)`, tiles that every row sees entirely (no mask at all), and `[hi_full, hi)`, the tiles
@@ -214,7 +273,7 @@ print(f"causal computes {full + masked} of {total} tiles ({(full + masked) / tot
       f"only {masked} need a mask")
 
 # %% [markdown]
-# ## 6. Tile sizes, warps and stages (recorded on an H200)
+# ## 7. Tile sizes, warps and stages (recorded on an H200)
 #
 # Four knobs, and no formula for them: `BLOCK_M` (query rows per program), `BLOCK_N` (keys per loop
 # step), `num_warps` (threads per program / 32), `num_stages` (how many K/V tiles are loaded ahead,
@@ -254,7 +313,7 @@ else:
     print("no GPU: the recorded H200 sweep above is the one to read")
 
 # %% [markdown]
-# ## 7. The recorded H200 figures
+# ## 8. The recorded H200 figures
 #
 # bf16, FlashAttention's grid (16k tokens per batch: $B = 16384/N$, hidden 2048: $H = 2048/D$),
 # forward only, TFLOP/s counted as FlashAttention counts them ($4BHN^2D$, halved when causal), with

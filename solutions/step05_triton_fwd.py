@@ -21,7 +21,10 @@ GPU's native special-function instruction (``MUFU.EX2``); ``exp`` is ``exp2``
 plus a multiply. The max and the sum are the same in either base, so only the
 stored LSE is converted back to natural log.
 
-Layout of this file: the tile helpers (``load_tile``, ``store_tile``), the inner
+Layout of this file: the tile helpers (``load_tile``, ``store_tile``, and the
+kernel's pieces ``online_softmax_tile`` and ``key_range``), a warm-up for each piece
+(a tiny kernel and its launcher, ``warmup_load_tile``, ``warmup_online_softmax_tile``,
+``warmup_causal_key_range``: each testable alone, before the kernel exists), the inner
 loop (``_fwd_inner``), the kernel (``_attn_fwd_kernel``), the tile table
 (``fwd_config``), the launcher (``forward``), the launcher as a PyTorch operator
 (``fwd_op``: ``torch.library.triton_op``, so ``torch.compile`` can hold it; see
@@ -93,6 +96,196 @@ def store_tile(base, x, rows, cols, stride_row, stride_col, n_rows, n_cols):
     # <<< STUDENT
 
 
+@triton.jit
+def online_softmax_tile(acc, l_i, m_i,        # running state of this query tile, fp32: (BLOCK_M, BLOCK_D), (BLOCK_M,), (BLOCK_M,)
+                        q, k, v,              # the Q tile (BLOCK_M, BLOCK_D), this key tile's K and V (BLOCK_N, BLOCK_D)
+                        offs_m, offs_n,       # their row indices in the sequence: queries (BLOCK_M,), keys (BLOCK_N,)
+                        N_K,                  # key length: keys >= N_K are padding
+                        qk_scale,             # softmax scale * log2(e)
+                        MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key tile of the online softmax (base 2): returns the updated ``(acc, l_i, m_i)``.
+
+    ``m_i`` is each row's running max of the scores in base-2 units (``q.k * qk_scale``), ``l_i`` the
+    running sum of ``2^(s - m_i)``, ``acc`` the running sum of ``P V`` (not yet divided by ``l_i``).
+    ``MASKED``: this tile may hold keys a row must not see (keys >= N_K; if ``IS_CAUSAL``, keys past
+    the row's own index), whose scores become -inf; an unmasked tile is seen whole by every row.
+    """
+    # >>> STUDENT: scores s = q @ k^T (tl.dot(..., input_precision=DOT_PRECISION)) times qk_scale; when MASKED, set s to -inf where the key is >= N_K or, if IS_CAUSAL, where key > query
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale    # (BLOCK_M, BLOCK_N)
+    if MASKED:
+        visible = offs_n[None, :] < N_K
+        if IS_CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    # <<< STUDENT
+    # >>> STUDENT: online softmax in base 2: m_new = max(m_i, rowmax s); p = exp2(s - m_new); alpha = exp2(m_i - m_new); l_i = alpha*l_i + rowsum p; acc = alpha*acc + p @ v (p cast to v's dtype); m_i = m_new
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    m_i = m_new
+    # <<< STUDENT
+    return acc, l_i, m_i
+
+
+@triton.jit
+def key_range(start_m, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """The keys the query tile of rows ``start_m .. start_m + BLOCK_M - 1`` visits: ``(hi_full, hi)``.
+
+    ``[0, hi_full)``: whole key tiles that every row of the tile sees entirely (run without a mask;
+    a multiple of BLOCK_N); ``[hi_full, hi)``: the tiles that need the mask (the diagonal, the last
+    partial tile). ``hi`` is one past the last key any row of the tile sees: tiles from ``hi`` on are
+    never loaded. Causal is aligned top-left: row i sees keys 0..i.
+    """
+    # >>> STUDENT: split the keys into [0, hi_full): tiles no row of this query tile needs masked (when causal: keys < start_m, whole tiles, and below N_K), and [hi_full, hi): masked tiles (diagonal, last partial); hi = N_K, or min(start_m + BLOCK_M, N_K) when causal
+    if IS_CAUSAL:
+        hi_full = (tl.minimum(start_m, N_K) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(start_m + BLOCK_M, N_K)
+    else:
+        hi_full = (N_K // BLOCK_N) * BLOCK_N
+        hi = N_K
+    # <<< STUDENT
+    return hi_full, hi
+
+
+# %% Warm-ups: each helper launched alone -------------------------------------------
+#
+# In the spirit of Triton-Puzzles: each small kernel below calls ONE helper of the forward kernel
+# on inputs you choose, and its launcher returns what the helper computed, so a helper can be
+# written and tested before the rest of the kernel exists:
+#
+#     pytest -m step05 tests/test_step05_warmups.py        (each against plain PyTorch)
+#
+# The warm-up kernels and launchers are given; the helper they call is yours. Their own loads and
+# stores are plain (contiguous tiles of known size, no masks), so no warm-up needs another helper.
+
+@triton.jit
+def _warmup_load_tile_kernel(X, OUT,                       # a 2-D matrix (any strides); the tile out, contiguous
+                             stride_row, stride_col, n_rows, n_cols,
+                             row0, col0,                   # the tile's element (0, 0) is X[row0, col0]
+                             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                             CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    i = tl.arange(0, BLOCK_R)
+    j = tl.arange(0, BLOCK_C)
+    x = load_tile(X, row0 + i, col0 + j, stride_row, stride_col, n_rows, n_cols, CHECK_ROWS, CHECK_COLS)
+    tl.store(OUT + i[:, None] * BLOCK_C + j[None, :], x)
+
+
+def warmup_load_tile(x, row0, col0, block_rows, block_cols):
+    """``load_tile`` alone: the ``(block_rows, block_cols)`` tile of the 2-D ``x`` that starts at
+    ``x[row0, col0]``, with 0 wherever the tile runs past x's rows or columns.
+
+    ``x`` may have any strides (a transposed view, a slice of a larger buffer). CHECK_ROWS and
+    CHECK_COLS are set as the kernel sets them: only when the tile can run past that edge.
+    """
+    raise_if_stubbed(_warmup_load_tile_kernel, whole_module=False)
+    assert x.dim() == 2, f"x must be 2-D, got {tuple(x.shape)}"
+    for n in (block_rows, block_cols):
+        assert n >= 1 and n & (n - 1) == 0, f"tile sizes are powers of two (tl.arange), got {n}"
+    n_rows, n_cols = x.shape
+    out = x.new_empty(block_rows, block_cols)
+    _warmup_load_tile_kernel[(1,)](
+        x, out, x.stride(0), x.stride(1), n_rows, n_cols, row0, col0,
+        BLOCK_R=block_rows, BLOCK_C=block_cols,
+        CHECK_ROWS=row0 + block_rows > n_rows, CHECK_COLS=col0 + block_cols > n_cols)
+    return out
+
+
+@triton.jit
+def _warmup_online_softmax_kernel(Q, K, V,                # tiles, contiguous: Q (BLOCK_M, BLOCK_D), K and V (BLOCK_N, BLOCK_D)
+                                  M, L, ACC,              # the running state, fp32, contiguous, read then overwritten
+                                  start_m, start_n, N_K,  # first query row and first key of the tiles; key length
+                                  qk_scale,               # softmax scale * log2(e)
+                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                                  MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    i = tl.arange(0, BLOCK_M)
+    j = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + i[:, None] * BLOCK_D + d[None, :])
+    k = tl.load(K + j[:, None] * BLOCK_D + d[None, :])
+    v = tl.load(V + j[:, None] * BLOCK_D + d[None, :])
+    m_i = tl.load(M + i)
+    l_i = tl.load(L + i)
+    acc = tl.load(ACC + i[:, None] * BLOCK_D + d[None, :])
+    acc, l_i, m_i = online_softmax_tile(acc, l_i, m_i, q, k, v, start_m + i, start_n + j, N_K, qk_scale,
+                                        MASKED, IS_CAUSAL, DOT_PRECISION)
+    tl.store(M + i, m_i)
+    tl.store(L + i, l_i)
+    tl.store(ACC + i[:, None] * BLOCK_D + d[None, :], acc)
+
+
+def tile_needs_mask(start_m, block_m, start_n, block_n, n_keys, is_causal):
+    """Whether some row of the query tile must not see some key of the key tile (the kernel's MASKED)."""
+    return start_n + block_n > n_keys or (is_causal and start_n + block_n - 1 > start_m)
+
+
+def warmup_online_softmax_tile(q, k, v, state=None, *, start_m=0, start_n=0, n_keys=None, is_causal=False,
+                               masked=None, scale=None):
+    """``online_softmax_tile`` alone: one program's query tile meets one key tile.
+
+    q: ``(BLOCK_M, D)``, the queries of rows ``start_m ..``; k, v: ``(BLOCK_N, D)``, keys ``start_n ..``
+    (BLOCK_M and BLOCK_N powers of two >= 16, as ``tl.dot`` wants; D is padded as the kernel pads it).
+    state: ``(m, l, acc)`` before this tile, fp32: m ``(BLOCK_M,)`` the running max in base-2 units
+    (scores times ``scale * log2 e``), l ``(BLOCK_M,)`` the running sum of ``2^(s - m)``, acc
+    ``(BLOCK_M, D)`` the running sum of ``P V``; None: the kernel's start (-inf, 0, 0).
+    n_keys: the key length N_K (default: every key of the tile is real); keys at or past it are padding.
+    masked: run the tile as the kernel's masked stage (default: when it needs a mask, ``tile_needs_mask``).
+    Returns the state after the tile, ``(m, l, acc)``, fp32, with acc ``(BLOCK_M, D)``.
+    """
+    raise_if_stubbed(_warmup_online_softmax_kernel, whole_module=False)
+    bm, d = q.shape
+    bn = k.shape[0]
+    for n, what in ((bm, "BLOCK_M = q.shape[0]"), (bn, "BLOCK_N = k.shape[0]")):
+        assert n >= 16 and n & (n - 1) == 0, f"{what} must be a power of two >= 16 (tl.dot), got {n}"
+    assert k.shape == v.shape == (bn, d) and q.dtype == k.dtype == v.dtype, "k, v must be (BLOCK_N, D) like q's dtype"
+    bd = _pow2_dim(d)
+    n_keys = start_n + bn if n_keys is None else n_keys
+    scale = d ** -0.5 if scale is None else scale
+    if masked is None:
+        masked = tile_needs_mask(start_m, bm, start_n, bn, n_keys, is_causal)
+
+    def padded(t, rows):                       # (rows, D) -> (rows, BLOCK_D) contiguous, zeros past D
+        out = t.new_zeros(rows, bd)
+        out[:, :d] = t
+        return out
+    f32 = dict(dtype=torch.float32, device=q.device)
+    if state is None:
+        m, l, acc = torch.full((bm,), float("-inf"), **f32), torch.zeros(bm, **f32), torch.zeros(bm, d, **f32)
+    else:
+        m, l, acc = state
+    m, l, acc = m.to(**f32).contiguous().clone(), l.to(**f32).contiguous().clone(), padded(acc.to(**f32), bm)
+    _warmup_online_softmax_kernel[(1,)](
+        padded(q, bm), padded(k, bn), padded(v, bn), m, l, acc, start_m, start_n, n_keys, scale * LOG2E,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, MASKED=bool(masked), IS_CAUSAL=bool(is_causal),
+        DOT_PRECISION=_dot_precision(q.dtype))
+    return m, l, acc[:, :d]
+
+
+@triton.jit
+def _warmup_key_range_kernel(OUT,                          # (number of query tiles, 2) int32: (hi_full, hi) per tile
+                             N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    pid = tl.program_id(0)                                  # query tile pid: rows pid * BLOCK_M ...
+    hi_full, hi = key_range(pid * BLOCK_M, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    tl.store(OUT + 2 * pid, hi_full)
+    tl.store(OUT + 2 * pid + 1, hi)
+
+
+def warmup_causal_key_range(n_q, n_k, block_m, block_n, is_causal=True, device=None):
+    """``key_range`` alone: ``(hi_full, hi)`` for every query tile of ``n_q`` rows and ``n_k`` keys,
+    as an int32 tensor ``(cdiv(n_q, block_m), 2)``; row t is the query tile of rows
+    ``t * block_m ..``. Keys ``[0, hi_full)`` run unmasked, ``[hi_full, hi)`` masked, the rest never.
+    """
+    raise_if_stubbed(_warmup_key_range_kernel, whole_module=False)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    n_tiles = triton.cdiv(n_q, block_m)
+    out = torch.full((n_tiles, 2), -1, dtype=torch.int32, device=device)
+    _warmup_key_range_kernel[(n_tiles,)](out, n_k, BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=bool(is_causal))
+    return out
+
+
 # %% The kernel ------------------------------------------------------------------
 
 @triton.jit
@@ -113,23 +306,8 @@ def _fwd_inner(acc, l_i, m_i, q,            # running state (fp32) and the Q til
         k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, MASKED, PAD_D)
         v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, MASKED, PAD_D)
         # <<< STUDENT
-        # >>> STUDENT: scores s = q @ k^T (tl.dot(..., input_precision=DOT_PRECISION)) times qk_scale; in a MASKED stage set s to -inf where the key is >= N_K or, if IS_CAUSAL, where key > query
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale    # (BLOCK_M, BLOCK_N)
-        if MASKED:
-            visible = offs_n[None, :] < N_K
-            if IS_CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None])
-            s = tl.where(visible, s, float("-inf"))
-        # <<< STUDENT
-        # >>> STUDENT: online softmax in base 2: m_new = max(m_i, rowmax s); p = exp2(s - m_new); alpha = exp2(m_i - m_new); l_i = alpha*l_i + rowsum p; acc = alpha*acc + p @ v (p cast to v's dtype); m_i = m_new
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
-        # <<< STUDENT
+        acc, l_i, m_i = online_softmax_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, N_K, qk_scale,
+                                            MASKED, IS_CAUSAL, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -178,14 +356,8 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)                  # running sum of 2^(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)         # running sum of P V
 
-    # >>> STUDENT: split the keys into [0, hi_full): tiles no row of this query tile needs masked (when causal: keys < start_m, whole tiles, and below N_K), and [hi_full, hi): masked tiles (diagonal, last partial); hi = N_K, or min(start_m + BLOCK_M, N_K) when causal
-    if IS_CAUSAL:
-        hi_full = (tl.minimum(start_m, N_K) // BLOCK_N) * BLOCK_N
-        hi = tl.minimum(start_m + BLOCK_M, N_K)
-    else:
-        hi_full = (N_K // BLOCK_N) * BLOCK_N
-        hi = N_K
-    # <<< STUDENT
+    # Keys [0, hi_full): tiles no row of this query tile needs masked; [hi_full, hi): the masked ones.
+    hi_full, hi = key_range(start_m, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                                offs_m, offs_d, 0, hi_full, N_K, qk_scale,
                                HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
