@@ -38,10 +38,10 @@ class RankNotImplemented(RankError, NotImplementedError):
     """Every failing rank stopped at a stub's NotImplementedError."""
 
 
-def _worker(rank, world, store_file, impl, timeout_s, threads, jobs, results):
+def _worker(rank, world, store_file, impl, timeout_s, threads, jobs, results, interpret):
     os.environ["ATTN_IMPL"] = impl
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")       # as conftest.py: before triton is imported
+    if interpret or not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"                 # as conftest.py: before a step defines its kernels
     torch.set_num_threads(threads)
     import torch.distributed as dist
     try:
@@ -75,14 +75,18 @@ class RankGroup:
     ``impl``: the folder whose steps the jobs load (default ``$ATTN_IMPL``). ``timeout_s``: how long
     one job may take on any rank before the group is declared hung (also gloo's own timeout, so a
     receive that never matches raises inside the rank too). ``threads``: torch threads per rank.
+    ``interpret``: run the steps' Triton kernels in Triton's interpreter even where a GPU is present
+    (the ranks of a gloo group hold CPU tensors, which compiled Triton cannot take; without a GPU
+    the interpreter is used anyway).
     """
 
-    def __init__(self, world=2, impl=None, timeout_s=60.0, threads=1):
+    def __init__(self, world=2, impl=None, timeout_s=60.0, threads=1, interpret=False):
         from .loader import impl_root
         self.world = world
         self.impl = str(impl_root(impl))
         self.timeout_s = float(timeout_s)
         self.threads = threads
+        self.interpret = bool(interpret)
         self._procs = []
         self.starts = 0                              # how many times the group was (re)started
 
@@ -99,7 +103,7 @@ class RankGroup:
         self._jobs = [ctx.Queue() for _ in range(self.world)]
         self._procs = [ctx.Process(target=_worker, daemon=True,
                                    args=(r, self.world, store, self.impl, self.timeout_s, self.threads,
-                                         self._jobs[r], self._results))
+                                         self._jobs[r], self._results, self.interpret))
                        for r in range(self.world)]
         for p in self._procs:
             p.start()
