@@ -40,6 +40,24 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _interpreter_launches_eagerly() -> None:
+    """Under the interpreter, let ``wrap_triton(kernel)[grid](...)`` launch eagerly on every torch we pin.
+
+    torch 2.11 hands a ``triton.autotune`` around an interpreted kernel to its tracing wrapper, which
+    looks for a compiled ``JITFunction`` inside and fails (``'function' object has no attribute
+    'fn'``; pytorch#152868, fixed in pytorch#185597, which torch 2.13 has). Interpreted kernels cannot
+    be traced into a graph anyway, so there we switch ``wrap_triton``'s dispatch off, as that fix does.
+    """
+    if not interpreting():
+        return
+    import torch._library.triton as library_triton
+    if not hasattr(library_triton, "_is_interpreted_triton_kernel"):         # a torch without the fix
+        library_triton.wrap_triton_enabled_default = False
+
+
+_interpreter_launches_eagerly()
+
+
 def op_namespace(module_name: str) -> str:
     """``solutions.step06_triton_bwd`` -> ``attn_solutions``; a loader package -> ``attn_attn_impl_<hash>``."""
     pkg = module_name.rpartition(".")[0] or module_name
@@ -136,8 +154,8 @@ def _jit_functions(kernel, whole_module=True):
     except ImportError:                      # pragma: no cover - older triton
         kinds = (JITFunction,)
     fn = kernel
-    while not hasattr(fn, "__globals__") and hasattr(fn, "fn"):      # autotuner -> jit -> function
-        fn = fn.fn
+    while not hasattr(fn, "__code__") and hasattr(fn, "fn"):         # autotuner -> jit -> function (a compiled
+        fn = fn.fn                                                    # JITFunction has __globals__, not __code__)
     found = {}
     todo = [fn] if hasattr(fn, "__code__") else []
     if whole_module:

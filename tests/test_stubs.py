@@ -1,6 +1,7 @@
 """steps/ is generated from solutions/, and the generator keeps its promises."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,38 @@ def test_hard_track_leaves_no_region_hint_anywhere(tmp_path):
         stub = (tmp_path / rel).read_text()
         for h in hints:
             assert h.strip() not in stub, f"{rel}: the hard stub still says {h.strip()!r}"
+
+
+@NO_SOLUTIONS
+def test_stub_detection_sees_compiled_kernels(tmp_path):
+    """On a GPU, @triton.jit gives compiled JITFunctions, not the interpreter's functions: the host-side
+    search for a stub's raise must walk them too (it did not once, and on the H200 step 05's stubbed
+    warm-ups reached Triton's compiler). Triton decorates without a GPU, so this runs here, outside
+    the interpreter, in a fresh process."""
+    import subprocess
+    import sys
+    pristine = tmp_path / "steps"
+    stubgen.write(stubgen.SOLUTIONS, pristine)
+    script = f"""
+import triton.runtime.jit as jit
+from attnlib.loader import load_step
+from attnlib.ops import _jit_functions, raise_if_stubbed
+sol = load_step(5, "solutions")
+assert isinstance(sol._attn_fwd_kernel, jit.JITFunction), type(sol._attn_fwd_kernel)
+called = {{f.__name__ for f in _jit_functions(sol._attn_fwd_kernel, whole_module=False)}}
+assert {{"load_tile", "online_softmax_tile", "key_range"}} <= called, called
+raise_if_stubbed(sol._warmup_load_tile_kernel, whole_module=False)      # written: no raise
+stub = load_step(5, {str(pristine)!r})
+for name in ("_warmup_load_tile_kernel", "_warmup_online_softmax_kernel", "_warmup_key_range_kernel"):
+    try:
+        raise_if_stubbed(getattr(stub, name), whole_module=False)
+    except NotImplementedError as e:
+        assert str(e).startswith("Step 05:"), e
+    else:
+        raise AssertionError(name + ": the stub's raise was not found")
+print("ok")
+"""
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
