@@ -161,12 +161,18 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 def run_tests(out: Path, workers: int, budget_s: float, env: dict) -> dict:
-    """Two pytest runs side by side: tests/test_grading.py with its tests spread one by one over a
-    third of the workers (each grades its own planted submission), every other file one file a
-    worker (their module fixtures, the process groups of step 10, are built once)."""
+    """Three pytest runs side by side: tests/test_grading.py with its tests spread one by one over a
+    third of the workers (each grades its own planted submission), tests/test_notebooks.py one
+    notebook a worker, every other file one file a worker (their module fixtures, the process groups
+    of step 10, are built once)."""
     grading_workers = max(2, workers // 3)
-    runs = {"suite": ["--ignore", "tests/test_grading.py", "-n", str(workers - grading_workers), "--dist", "loadfile"],
-            "grading": ["tests/test_grading.py", "-n", str(grading_workers), "--dist", "load"]}
+    notebook_workers = max(2, workers // 5)
+    suite_workers = max(2, workers - grading_workers - notebook_workers)
+    runs = {"suite": ["--ignore", "tests/test_grading.py", "--ignore", "tests/test_notebooks.py",
+                      "-n", str(suite_workers), "--dist", "loadfile"],
+            "grading": ["tests/test_grading.py", "-n", str(grading_workers), "--dist", "load"],
+            # every notebook executed as Jupyter would, on the GPU: one a worker (one file, so not loadfile)
+            "notebooks": ["tests/test_notebooks.py", "-n", str(notebook_workers), "--dist", "load"]}
     procs = {}
     for name, extra in runs.items():
         junit = out / f"pytest_{name}.xml"
