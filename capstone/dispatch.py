@@ -56,8 +56,19 @@ def _code(code):
 
 
 def _math(q, k, v, is_causal, scale):
-    """SDPA's math backend called directly (PyTorch's composite implementation): the fallback that always runs."""
-    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=is_causal, scale=scale)[0]
+    """SDPA's math backend called directly (PyTorch's composite implementation): the fallback that always runs.
+
+    Under autocast it is treated as autocast treats ``F.scaled_dot_product_attention``: inputs cast to
+    the autocast dtype, the inside run with autocast off. Called bare, the aten op is on no autocast
+    list, so autocast would cast each op inside it on its own (softmax up to fp32, matmuls down), and
+    on CUDA its backward then fails: "expected input and grad types to match" (H200, bf16, 2026-11-30).
+    """
+    dev = q.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        q, k, v = (t.to(dt) for t in (q, k, v))
+    with torch.autocast(dev, enabled=False):
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, is_causal=is_causal, scale=scale)[0]
 
 
 def _step(n, backend=None):
