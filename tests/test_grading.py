@@ -80,6 +80,9 @@ HOSTILE = {
     "not_a_tensor": ([1, 2], {1: (0.0, "failed"), 2: (0.0, "missing")},
                      ["attention must return one tensor, got list", "step02_compile.py is missing"], {}),
     "aten_sdpa": ([4], {4: (0.0, "rule broken")}, ["F.scaled_dot_product_attention ran"], {}),
+    # Issue 14, hole 4: SDPA with the Python-level hooks off; blocked at the dispatcher (9/10 before).
+    "sdpa_modes_off": ([4], {4: (0.0, "rule broken")},
+                       ["F.scaled_dot_product_attention ran", "the grader blocks aten::scaled_dot_product_attention"], {}),
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
     "syntax_error": ([1], {1: (0.0, "import error")}, ["SyntaxError"], {}),
     # Issue 14, hole 1: every input read from the task file at import, answered from an SDPA cache (10/10
@@ -87,7 +90,8 @@ HOSTILE = {
     # a step that steals the later items off the pipe, hidden ones included, to print them (MUST_NOT_SAY).
     "precompute": ([4], {4: (0.0, "failed")}, ["pre-computed 0 outputs at import (read: task.pt)"], {}),
     "precompute_from_seed": ([4], {4: (0.0, "rule broken")},
-                             ["ran 0 time(s) in the forward and 0 in the backward (and 30 at import)"], {}),
+                             ["ran 0 time(s) in the forward and 0 in the backward (and 1 at import)",
+                              "the grader blocks aten::scaled_dot_product_attention"], {}),
     "peek_ahead": ([1], {1: (0.0, "crashed")}, ["crashed: SIGSEGV"], {"hidden": True}),
 }
 # Strings the report (every output a student or an instructor's export gets) must not hold.
