@@ -109,7 +109,7 @@ RELEASE_FILES = [
     "grading/sandbox.py", "grading/spec.py", "grading/worker.py", "grading/README.md",
     "notebooks/[0-9][0-9]_*.ipynb", "notebooks/[0-9][0-9]_*.py",   # the notebooks and their jupytext sources
     "tests/test_step[0-9][0-9]_*.py", "tests/test_contract.py", "tests/test_attnlib.py",
-    "tests/test_notebooks.py", "tests/test_bench.py", "tests/test_ops.py", "tests/test_cs336.py",
+    "tests/test_notebooks.py", "tests/test_bench.py", "tests/test_ops.py", "tests/test_cs336.py", "tests/test_packaging.py",
     # The capstone: the dispatcher and the GPT, on the student's own steps.
     "capstone/*.py",
     # The benchmark harness; not the experiments (bench/experiments/, cuda_gpu.py hold whole kernels).
