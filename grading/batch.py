@@ -34,14 +34,14 @@ def submissions(folder: Path) -> list[Path]:
 
 
 def snapshot(dst: Path) -> Path:
-    """A private copy of the grader (attnlib/, grading/) for one submission's grader to run from.
+    """A private copy of the grader (attnlib/, capstone/, grading/) for one submission's grader to run from.
 
     A submission that rewrites the grader running it changes only its own copy (after the
     grader has loaded it, and the file check zeroes the step); the repository and the other
     submissions' graders never see it, and the check watches a tree nobody else edits."""
     if dst.exists():
         shutil.rmtree(dst)
-    for pkg in ("attnlib", "grading"):
+    for pkg in ("attnlib", "capstone", "grading"):       # capstone: the model of steps 04/06's capstone group
         shutil.copytree(REPO / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     return dst
 

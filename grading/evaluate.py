@@ -20,7 +20,7 @@ from attnlib.compare import CompareError, assert_close
 from attnlib.diagnose import likely_bug
 from attnlib.reference import reference_attention, reference_backward
 
-from .spec import NXN_FRACTION, SDPA_OPS, Check, Item
+from .spec import CAPSTONE_ATOL, NXN_FRACTION, SDPA_OPS, Check, Item
 
 # Statuses of one check
 PASSED, FAILED, NOT_IMPLEMENTED, ERROR, LOST, SKIPPED = (
@@ -66,6 +66,9 @@ class Refs:
     grads: tuple | None = None
 
 
+_CAPSTONE_FN = {"step04": "FlashAttention2Torch", "step06": "FlashAttentionTriton"}   # capstone.dispatch.FUNCTIONS
+
+
 class Fail(Exception):
     def __init__(self, message, status=FAILED):
         super().__init__(message)
@@ -74,7 +77,8 @@ class Fail(Exception):
 
 def _error_text(err: dict) -> str:
     where = {"import": "importing the step", "forward": "the forward", "backward": "the backward",
-             "valid": "a valid input", "warmup": "the warm-up"}.get(err.get("phase"), err.get("phase", "?"))
+             "valid": "a valid input", "warmup": "the warm-up", "dispatch": "the capstone's dispatcher",
+             "training": "the capstone's training run"}.get(err.get("phase"), err.get("phase", "?"))
     text = f"{err.get('type', 'Error')} in {where}: {err.get('message', '')}".rstrip()
     if err.get("traceback"):
         text += "\n" + err["traceback"]
@@ -280,9 +284,88 @@ class Evaluator:
         except WarmupError as exc:
             raise Fail(str(exc)) from None
 
+    # -- the capstone ------------------------------------------------------------
+    def check_dispatch(self, c: Check, it: Item, rec: dict):
+        """capstone.dispatch takes the step: its trial call runs, and ``auto`` picks it where it should."""
+        err = rec.get("error")
+        if err and err.get("phase") == "dispatch":
+            _from_error(err)
+        impl, meta = it.extra["impl"], rec["meta"]
+        trial = meta.get("trial")
+        if trial is not None:
+            status = NOT_IMPLEMENTED if str(trial).startswith("not implemented yet") else FAILED
+            raise Fail(f"the capstone's dispatcher passes over your {impl}: {trial}\n  It calls "
+                       f"{_CAPSTONE_FN[impl]}.apply(q, k, v, is_causal, scale) on a slice of the model's inputs, "
+                       "forward and backward (capstone/dispatch.py, _probe); whatever fails there, the model "
+                       "falls back to a slower attention. `python -m capstone explain --code steps` shows it.",
+                       status)
+        want, got = it.expect.get("chosen"), meta.get("chosen")
+        if want and got != want:
+            why = dict(meta.get("passed_over") or []).get(impl, "its trial call ran")
+            raise Fail(f"the capstone's dispatcher picks {got!r} on these inputs ({it.device}, float32, "
+                       f"D = {it.q.shape[-1]}, causal), not your {impl}: {why}")
+
+    def _capstone_reference(self, it: Item) -> torch.Tensor:
+        """The same run with SDPA's math backend, here in the grader, on the CPU: its losses."""
+        r = self.refs.setdefault(id(it), Refs())
+        if r.o is None:
+            from capstone.model import GPT, GPTConfig
+            ex = it.extra
+            model = GPT(GPTConfig(**ex["model"], attn="math"))
+            model.load_state_dict(ex["state"])
+            opt = torch.optim.AdamW(model.parameters(), lr=float(ex["lr"]), weight_decay=0.0)
+            losses = []
+            for i in range(ex["tokens"].shape[0]):
+                _, loss = model(ex["tokens"][i, :, :-1], ex["tokens"][i, :, 1:])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+            r.o = torch.tensor(losses, dtype=torch.float64)
+        return r.o
+
+    def check_train(self, c: Check, it: Item, rec: dict):
+        """The tiny GPT trained with the step follows the SDPA-math run's losses to CAPSTONE_ATOL."""
+        impl = it.extra["impl"]
+        err = rec.get("error")
+        losses = rec["tensors"].get("losses")
+        done = 0 if losses is None else losses.numel()
+        if err:
+            if err.get("phase") == "training" and err.get("type") != "NotImplementedError":
+                err = dict(err, message=f"{err.get('message', '')} (after {done} training step(s))")
+            _from_error(err)
+        ref = self._capstone_reference(it)
+        if losses is None or losses.shape != ref.shape:
+            raise Fail(f"the training run sent back {done} losses, expected {ref.numel()}")
+        if not torch.isfinite(losses).all():
+            bad = int((~torch.isfinite(losses)).nonzero()[0])
+            raise Fail(f"the loss is {float(losses[bad])} at training step {bad} with your {impl}: the attention "
+                       "made a NaN or an inf in the model (a row whose softmax sum is 0? an exp without the "
+                       "running max?)")
+        diff = (losses - ref).abs()
+        if float(diff.max()) <= CAPSTONE_ATOL:
+            return
+        first = int((diff > CAPSTONE_ATOL).nonzero()[0])
+        show = lambda t: "[" + ", ".join(f"{float(x):.5f}" for x in t) + "]"       # noqa: E731
+        text = (f"the tiny GPT's loss with your {impl} leaves the SDPA-math run's at training step {first} "
+                f"(by {float(diff[first]):.2e}; the tolerance is {CAPSTONE_ATOL:g}, worst {float(diff.max()):.2e})\n"
+                f"  yours:     {show(losses)}\n  reference: {show(ref)}\n")
+        if first == 0:
+            text += ("  likely bug: step 0's loss is the forward alone, on the initial weights: your attention's "
+                     "output is wrong in the model although the forward group passes. The model's q, k, v are "
+                     "views of one qkv projection, (B, H, T, D) and not contiguous (stride 3*C along T), and "
+                     "it always asks for is_causal=True: read every stride of every input, and check the mask")
+        else:
+            text += ("  likely bug: step 0 matches (the forward is right), so the gradients are wrong in the "
+                     "model although the backward group passes: there q, k, v are strided views of one "
+                     "projection and dO arrives as a view too (not contiguous, other strides than Q's): "
+                     "check that each tensor's loads use that tensor's own strides")
+        raise Fail(text)
+
     CHECKS = {"o": check_o, "grads": check_grads, "o+grads": check_o_grads, "lse": check_lse,
               "saved": check_saved, "raises": check_raises, "backend": check_backend,
-              "chosen": check_chosen, "time": check_time, "warmup": check_warmup}
+              "chosen": check_chosen, "time": check_time, "warmup": check_warmup,
+              "dispatch": check_dispatch, "train": check_train}
 
     def evaluate(self, c: Check, it: Item, rec: dict) -> CheckResult:
         try:

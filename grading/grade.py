@@ -277,7 +277,7 @@ class Grader:
             sub = work / "submission"
             notes += sandbox.copy_submission(root, sub)
             lib = sandbox.worker_lib(work / "lib")
-            guard = (sandbox.GraderFiles([REPO / "grading", REPO / "attnlib", self.hidden])
+            guard = (sandbox.GraderFiles([REPO / "grading", REPO / "attnlib", REPO / "capstone", self.hidden])
                      if self.check_files else None)
             released = self.release or released_steps()
             wanted = steps or sorted(STEPS)

@@ -77,7 +77,7 @@ def build_autograder(out: Path, hidden: Path | None = None, config: Path | None 
     with zipfile.ZipFile(out, "w") as zf:
         add(zf, HERE / "gradescope" / "setup.sh", "setup.sh", executable=True)
         add(zf, HERE / "gradescope" / "run_autograder", "run_autograder", executable=True)
-        for sub in ("attnlib", "grading", "steps", "requirements.txt", "pyproject.toml"):
+        for sub in ("attnlib", "capstone", "grading", "steps", "requirements.txt", "pyproject.toml"):
             for p in _files(REPO, sub):
                 rel = p.relative_to(REPO).as_posix()
                 if rel == "grading/config.toml" and config:

@@ -128,10 +128,11 @@ class GraderFiles:
 
 
 def worker_lib(dst: Path) -> Path:
-    """A private copy of what the worker imports (attnlib/, grading/worker.py): a submission that
-    patches or rewrites "attnlib" changes this copy, never the grader's."""
+    """A private copy of what the worker imports (attnlib/, capstone/, grading/worker.py): a submission
+    that patches or rewrites "attnlib" changes this copy, never the grader's."""
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copytree(REPO / "attnlib", dst / "attnlib", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "capstone", dst / "capstone", ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "grading").mkdir()
     (dst / "grading" / "__init__.py").write_text("")
     shutil.copyfile(REPO / "grading" / "worker.py", dst / "grading" / "worker.py")

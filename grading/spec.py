@@ -55,9 +55,12 @@ STEP_SPECS: dict[int, StepSpec] = {
     1: StepSpec(_BASE, ("no_reference",)),
     2: StepSpec(_BASE, ("no_reference", "compiled")),
     3: StepSpec(_BASE + ("backend",), ("no_reference",)),
-    4: StepSpec(_FLASH, ("no_reference", "no_sdpa", "no_nxn")),
+    # 04, 06: the capstone too -- the dispatcher takes the step, and the tiny GPT trains with it along
+    # the SDPA-math curve (CAPSTONE below). Step 04 on a CPU (where the dispatcher picks it), step 06
+    # where it runs: a GPU, or Triton's interpreter.
+    4: StepSpec(_FLASH + ("capstone",), ("no_reference", "no_sdpa", "no_nxn")),
     5: StepSpec(_FLASH + ("warmup",), ("no_reference", "no_sdpa", "triton_fwd"), runs_on="triton"),
-    6: StepSpec(_FLASH, ("no_reference", "no_sdpa", "triton_fwd", "triton_bwd"), runs_on="triton"),
+    6: StepSpec(_FLASH + ("capstone",), ("no_reference", "no_sdpa", "triton_fwd", "triton_bwd"), runs_on="triton"),
     7: StepSpec(_FLASH, ("no_reference", "no_sdpa", "extension"), runs_on="cuda"),
     # 08, 09: graded through their dense `attention` (every (batch, head) a packed sequence; a window
     # wider than the sequence); step 08's Function saves its LSE as (H, total_q), so no autograd group.
@@ -82,6 +85,19 @@ BAD_INPUTS = {
     "dtype mismatch": lambda q, k, v: (q, k.to(torch.float64 if k.dtype != torch.float64 else torch.float32), v),
 }
 
+# The capstone group: capstone.model's GPT, tiny, trained a few steps with the step's attention (the
+# dispatcher's impl, pinned), against the same run with SDPA's math backend, computed by the grader.
+# Sized for Triton's interpreter: step 06 trains it in about 4 s on one core of the CI machine
+# (2 cores, 2026-11-30); one layer at T = 32, d = 16 is enough for causality and the strides of
+# the model's q/k/v views (slices of one qkv projection, not contiguous) to matter.
+CAPSTONE_MODEL = {"layers": 1, "d_model": 32, "heads": 2, "context": 32}
+CAPSTONE_RUN = {"batch": 2, "steps": 6, "lr": 1e-2}
+# fp32 losses of the same model, math as SDPA's: 1e-6 apart over 6 steps (step 04 and step 06 in the
+# interpreter, measured); 1e-4 is the course's capstone test's bound (tests/test_capstone.py). A model
+# whose attention ignores is_causal is 7e-4 off at step 0 and 6e-2 by step 6.
+CAPSTONE_ATOL = 1e-4
+CAPSTONE_IMPL = {4: "step04", 6: "step06"}
+
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 # The aten op each backend runs (the profiler's names), to tell which one really ran.
 SDPA_OPS = {
@@ -99,13 +115,14 @@ SDPA_OPS = {
 @dataclass
 class Check:
     group: str
-    what: str        # "o", "grads", "o+grads", "lse", "saved", "raises", "backend", "chosen", "time", "warmup"
+    what: str        # "o", "grads", "o+grads", "lse", "saved", "raises", "backend", "chosen", "time", "warmup",
+                     # "dispatch", "train"
     name: str        # shown to the student: the input it ran on
 
 
 @dataclass
 class Item:
-    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time | warmup
+    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time | warmup | capstone
     id: str
     q: torch.Tensor
     k: torch.Tensor
@@ -172,6 +189,8 @@ def placement(spec: StepSpec, has_gpu: bool, kind: str) -> list[tuple[str, torch
         return [("cpu", torch.float16)] if spec.runs_on in ("cpu", "triton") else None
     if kind == "speed":
         return [("cuda", torch.float16)] if has_gpu else None
+    if kind == "capstone":     # fp32: the model's run must follow the fp32 reference curve to CAPSTONE_ATOL
+        return [("cuda" if spec.runs_on == "triton" and has_gpu else "cpu", torch.float32)]
     if kind == "warmup":       # step 05's helpers alone (attnlib/warmups.py): fp32 and fp16 wherever the step runs
         return [("cuda" if has_gpu else "cpu", dt) for dt in (torch.float32, torch.float16)]
     if spec.runs_on == "cuda":
@@ -275,6 +294,13 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
                     it = get(key, lambda: Item("warmup", key, *(torch.empty(0),) * 3, device=device,
                                                extra={"fn": call["fn"], "args": call["args"], "kwargs": call["kwargs"]}))
                     it.checks.append(Check(g.name, "warmup", call["name"]))
+            elif g.kind == "capstone":
+                key = f"capstone/{g.seed}/{device}"
+                it = get(key, lambda: _capstone_item(step, key, g.seed, device))
+                impl = CAPSTONE_IMPL[step]
+                it.checks.append(Check(g.name, "dispatch", f"the dispatcher takes {impl} ({device})"))
+                it.checks.append(Check(g.name, "train", f"tiny GPT, {CAPSTONE_RUN['steps']} steps with {impl} "
+                                                        f"({device}) vs SDPA math"))
             elif g.kind == "speed":
                 case = SPEED_CASE
                 key = f"time/{case.id}/{_dtname(dtype)}"
@@ -297,6 +323,33 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
         it.hidden = bool(it.checks) and all(c.group in hidden for c in it.checks)
     out.sort(key=lambda it: it.hidden)
     return out, skipped
+
+
+def _capstone_item(step: int, key: str, seed: int, device: str) -> Item:
+    """The initial weights and the token batches of one short training run, drawn here (the worker
+    builds the same GPT from capstone/model.py, loads these weights, trains on these tokens)."""
+    from capstone.model import GPT, GPTConfig
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(GPTConfig(**CAPSTONE_MODEL, attn="math"))
+    state = {k: t.detach().clone() for k, t in model.state_dict().items()}
+    c, r = CAPSTONE_MODEL, CAPSTONE_RUN
+    gen = torch.Generator().manual_seed(seed + 1)
+    # Text-like: a Zipf draw over 32 byte values, so the loss falls visibly in a few steps.
+    probs = 1.0 / torch.arange(1, 33, dtype=torch.float64)
+    tokens = (97 + torch.multinomial(probs, r["steps"] * r["batch"] * (c["context"] + 1), replacement=True,
+                                     generator=gen)).view(r["steps"], r["batch"], c["context"] + 1)
+    # The dispatcher's inputs: the model's attention shape (B, H, T, D).
+    q, k, v = make_qkv(Nq=c["context"], Nk=c["context"], D=c["d_model"] // c["heads"],
+                       batch_shape=(r["batch"], c["heads"]), dtype=torch.float32, seed=seed + 2)
+    impl = CAPSTONE_IMPL[step]
+    it = Item("capstone", key, q, k, v, True, None, device,
+              extra={"impl": impl, "model": dict(c), "lr": r["lr"], "state": state, "tokens": tokens})
+    # On a CPU steps 07 and 06 need a GPU, so the dispatcher's first choice is step 04; in fp32 on a GPU
+    # step 07 is passed over (its kernels take fp16/bf16), so it is step 06. Step 06 on a CPU (Triton's
+    # interpreter) is never the dispatcher's choice: only its trial call is checked.
+    it.expect["chosen"] = None if (impl == "step06" and device == "cpu") else impl
+    return it
 
 
 def _lazy_speed_inputs(case: Case, dtype):

@@ -483,7 +483,53 @@ def run_warmup(mod, it, g, root):
     return rec
 
 
-RUNNERS = {"attn": run_attn, "lse": run_lse, "saved": run_saved, "bad_input": run_bad_input,
+def run_capstone(mod, it, g, root):
+    """The capstone (steps 04, 06): what the dispatcher makes of the step, then a short training run.
+
+    The dispatcher is capstone/dispatch.py (the worker's private copy), reading the step from the
+    submission folder, so it gets the module imported under the rules. The run is pinned to the
+    step (even where ``auto`` would not pick it: step 06 in Triton's interpreter) on the grader's
+    weights and tokens; the grader trains the same model with SDPA's math backend and compares.
+    """
+    from capstone import dispatch
+    from capstone.model import GPT, GPTConfig
+    rec = {"tensors": {}, "meta": {}}
+    ex, dev = it["extra"], it["device"]
+    impl, code = ex["impl"], root.rstrip(os.sep)
+    q, k, v = _leaves(it, False)
+    try:
+        with g.watch("fwd"):
+            choice = dispatch.choose(q, k, v, True, "auto", code=code)
+            trial = dispatch._probe(impl, q, k, v, True, code)     # its own trial call, wherever auto stopped
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("dispatch", exc, root)
+        return rec
+    rec["meta"]["chosen"] = choice.impl
+    rec["meta"]["passed_over"] = [[str(n), _short(w, 500)] for n, w in choice.passed_over]
+    rec["meta"]["trial"] = None if trial is None else _short(trial, 1000)
+    losses = []
+    try:
+        model = GPT(GPTConfig(**ex["model"], attn=impl, code=code)).to(dev)
+        model.load_state_dict(ex["state"])
+        # Pinned: the decision auto would otherwise make (or refuse: step 06 on a CPU) is cached as impl.
+        dispatch._CHOICES[dispatch._key(q, True, code) + (impl,)] = dispatch.Choice(impl, dispatch._function(impl, code))
+        opt = torch.optim.AdamW(model.parameters(), lr=float(ex["lr"]), weight_decay=0.0)
+        tokens = ex["tokens"].to(dev)
+        for i in range(tokens.shape[0]):
+            with g.watch("fwd"):
+                _, loss = model(tokens[i, :, :-1], tokens[i, :, 1:])
+            opt.zero_grad(set_to_none=True)
+            with g.watch("bwd"):
+                loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("training", exc, root)
+    rec["tensors"]["losses"] = torch.tensor(losses, dtype=torch.float64)
+    return rec
+
+
+RUNNERS = {"capstone": run_capstone, "attn": run_attn, "lse": run_lse, "saved": run_saved, "bad_input": run_bad_input,
            "backend": run_backend, "chosen_backend": run_chosen, "time": run_time, "warmup": run_warmup}
 
 

@@ -143,7 +143,8 @@ def graded(tmp_path_factory):
     jobs = []
     for spec in WRONG:
         if present(spec["step"]):
-            jobs.append((spec["name"], plant(spec, base / spec["name"]), [spec["step"]], {}, None))
+            tweak = {"config": FIX / spec["config"]} if "config" in spec else {}
+            jobs.append((spec["name"], plant(spec, base / spec["name"]), [spec["step"]], tweak, None))
     for name, (steps, _, _, tweak) in HOSTILE.items():
         dst = base / name
         shutil.copytree(FIX / "hostile" / name, dst)
@@ -166,8 +167,8 @@ def graded(tmp_path_factory):
 
     def run(job):
         name, folder, steps, tweak, hidden = job
-        conf = cfg.load(TEST_CONFIG, hidden)
         tweak = dict(tweak)
+        conf = cfg.load(tweak.pop("config", TEST_CONFIG), hidden)
         private = tweak.pop("private_cache", False)      # as for any stranger's submission
         tweak.pop("hidden", None)                          # graded with the hidden tests: ``hidden`` above
         for key, val in tweak.items():
@@ -218,7 +219,8 @@ def test_wrong_submission_loses_exactly_its_points(graded, spec):
     assert s.status == spec["status"], f"{spec['name']}: status {s.status!r}, expected {spec['status']!r}\n{text}"
     expected = spec.get("points_gpu", spec["points"]) if torch.cuda.is_available() else spec["points"]
     assert s.points == pytest.approx(expected, abs=1e-3), f"{spec['name']}: {s.points} points\n{text}"
-    assert s.max_points == pytest.approx(sum(g.points for g in cfg.load(TEST_CONFIG).steps[spec["step"]].groups))
+    conf = cfg.load(FIX / spec["config"]) if "config" in spec else cfg.load(TEST_CONFIG)
+    assert s.max_points == pytest.approx(sum(g.points for g in conf.steps[spec["step"]].groups))
     # The diagnosis names the kernel's own tile sizes, which differ between the interpreter and a GPU.
     for needle in spec.get("expect_gpu", spec["expect"]) if torch.cuda.is_available() else spec["expect"]:
         assert needle in text, f"{spec['name']}: the report does not say {needle!r}\n{text}"
