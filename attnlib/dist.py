@@ -109,9 +109,15 @@ class RankGroup:
             p.start()
         self.starts += 1
         ready = self._collect("ready", timeout=max(self.timeout_s, 120.0))
-        if len(ready) != self.world:
+        if len(ready) != self.world or any(m[0] != "ready" for m in ready.values()):
+            # A rank whose init_process_group raised sends its traceback instead of "ready" (and exits).
             self.close()
-            raise RankError(f"the process group did not start: {ready}")
+            why = [f"rank {r}: " + (m[2].strip().splitlines()[-1] if m[2] else m[0])
+                   for r, m in sorted(ready.items()) if m[0] != "ready"]
+            silent = [r for r in range(self.world) if r not in ready]
+            if silent:
+                why.append(f"ranks {silent} did not answer")
+            raise RankError("the process group did not start: " + "; ".join(why))
 
     def close(self):
         for j in getattr(self, "_jobs", []):
