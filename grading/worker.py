@@ -581,9 +581,12 @@ def ring_rank_job(rank, world, task):
 
 
 def _ring_group(root):
-    from attnlib.dist import RankGroup
+    from attnlib.dist import PRELOAD_TORCH_ONLY, RankGroup
     if "group" not in _RING:
-        _RING["group"] = RankGroup(world=RING_WORLD, impl=root, timeout_s=RING_TIMEOUT_S, threads=1)
+        # Not attnlib in the forkserver's preload (attnlib/dist.py, PRELOAD_TORCH_ONLY): the ranks must
+        # import this worker's private copy, not whatever attnlib the environment would find.
+        _RING["group"] = RankGroup(world=RING_WORLD, impl=root, timeout_s=RING_TIMEOUT_S, threads=1,
+                                   preload=PRELOAD_TORCH_ONLY)
     return _RING["group"]
 
 
