@@ -615,10 +615,19 @@ def run_ring(mod, it, g, root):
     if "no_group" in _RING:
         rec["error"] = {"phase": "ring", "type": "NoProcessGroup", "traceback": "", "message": _RING["no_group"]}
         return rec
+    if "hung" in _RING:
+        # A deadlock waits RING_TIMEOUT_S on every input, and the group restarts after each: the step
+        # would run out of time before it reported anything. One hang is enough to know.
+        rec["error"] = {"phase": "ring", "type": "RankError", "traceback": "",
+                        "message": "not run: the ring hung on an earlier input, so it was not started again. "
+                                   "There:\n" + _RING["hung"]}
+        return rec
     try:
         results = group.run(ring_rank_job, task)
     except RankError as exc:
         text = str(exc).replace(root, "<submission>/")
+        if "did not answer" in text or "Timed out" in text:
+            _RING["hung"] = _short(text, 2500)
         rec["error"] = {"phase": "ring", "traceback": "", "message": _short(text),
                         "type": "NotImplementedError" if isinstance(exc, RankNotImplemented) else "RankError"}
         return rec
