@@ -105,3 +105,30 @@ def test_ring_without_a_loopback_needs_a_process_group(tmp_path, monkeypatch):
     assert runs and all(c.status == "error" and "needs a process group" in c.message for c in runs), (
         [(c.name, c.status, c.message[:300]) for c in runs])
     assert s.status != "passed" and s.points < s.max_points
+
+
+HOG = '''
+
+_solution_ring_attention = ring_attention
+_HOG = []
+
+
+def ring_attention(q_shard, k_shard, v_shard, is_causal=False, scale=None, group=None, kernel="auto"):
+    if ring_world(group)[0] > 1 and not _HOG:
+        _HOG.append(torch.ones(2 ** 28 + 2 ** 27))      # 1.5 GiB, filled, on each rank
+    return _solution_ring_attention(q_shard, k_shard, v_shard, is_causal, scale, group, kernel)
+'''
+
+
+def test_ring_ranks_count_against_the_workers_memory(tmp_path):
+    """Each rank stays under its own address-space cap (3 GiB, inherited from the worker), but the two
+    ranks together with the worker and the forkserver go past the step's 3 GiB: the watchdog, which
+    sums the worker's whole process tree, kills the worker and the ranks with it."""
+    sub = _submission(tmp_path)
+    with open(sub / "step10_ring.py", "a") as f:
+        f.write(HOG)
+    conf = _ring_only_config()
+    conf.steps[10].memory_mb = 3072
+    s = Grader(conf, jobs=1, threads=1).grade(sub, [10]).steps[0]
+    assert s.status == "crashed" and "went over its 3072 MiB memory limit" in s.message, (s.status, s.message)
+    assert s.points == 0.0
