@@ -119,13 +119,14 @@ SDPA_OPS = {
 class Check:
     group: str
     what: str        # "o", "grads", "o+grads", "lse", "saved", "raises", "backend", "chosen", "time", "warmup",
-                     # "dispatch", "train"
+                     # "dispatch", "train", "ring_o", "ring_grads", "ring_layout" (step 10)
     name: str        # shown to the student: the input it ran on
 
 
 @dataclass
 class Item:
-    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time | warmup | capstone
+    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time | warmup | capstone |
+                                   # ring | ring_layout
     id: str
     q: torch.Tensor
     k: torch.Tensor
