@@ -548,7 +548,8 @@ _RANK_STATE: dict = {}        # inside a rank: its Guards and the step module
 def ring_rank_job(rank, world, task):
     """On every rank: this rank's rows of the whole-sequence q, k, v (the course's layout,
     ``attnlib.ringcheck.positions``) through ``ring_attention`` and ``ring_attention_with_lse``,
-    forward and backward, with the step's rule instruments watching. Raises what the step raises."""
+    forward and backward, with the step's rule instruments watching. What the step raises comes back
+    as an error record, with the counts (the worker restarts the group after it)."""
     from attnlib.ringcheck import positions
     if "mod" not in _RANK_STATE:
         g = Guards(task["rules"])
@@ -559,23 +560,29 @@ def ring_rank_job(rank, world, task):
         _RANK_STATE["guards"] = g
     mod, g = _RANK_STATE["mod"], _RANK_STATE["guards"]
     g.counts.clear()
-    idx = positions(task["q"].shape[-2], world, rank, task["is_causal"])
-    qs, ks, vs = (task[n][..., idx, :].clone().requires_grad_(task["grads"]) for n in ("q", "k", "v"))
-    out = {}
-    with g.watch("fwd"):
-        o = mod.ring_attention(qs, ks, vs, is_causal=task["is_causal"], scale=task["scale"])
-        res = mod.ring_attention_with_lse(qs.detach(), ks.detach(), vs.detach(), is_causal=task["is_causal"],
-                                          scale=task["scale"])
-    if isinstance(o, torch.Tensor):
-        out["o"] = o.detach()
-    if isinstance(res, (tuple, list)) and len(res) == 2 and isinstance(res[1], torch.Tensor):
-        out["lse"] = res[1]
-    if task["grads"] and isinstance(o, torch.Tensor) and o.requires_grad:
-        with g.watch("bwd"):
-            o.backward(task["dout"][..., idx, :])
-        for name, t in (("dq", qs), ("dk", ks), ("dv", vs)):
-            if t.grad is not None:
-                out[name] = t.grad
+    phase = "forward"
+    try:
+        idx = positions(task["q"].shape[-2], world, rank, task["is_causal"])
+        qs, ks, vs = (task[n][..., idx, :].clone().requires_grad_(task["grads"]) for n in ("q", "k", "v"))
+        out = {}
+        with g.watch("fwd"):
+            o = mod.ring_attention(qs, ks, vs, is_causal=task["is_causal"], scale=task["scale"])
+            res = mod.ring_attention_with_lse(qs.detach(), ks.detach(), vs.detach(), is_causal=task["is_causal"],
+                                              scale=task["scale"])
+        if isinstance(o, torch.Tensor):
+            out["o"] = o.detach()
+        if isinstance(res, (tuple, list)) and len(res) == 2 and isinstance(res[1], torch.Tensor):
+            out["lse"] = res[1]
+        if task["grads"] and isinstance(o, torch.Tensor) and o.requires_grad:
+            phase = "backward"
+            with g.watch("bwd"):
+                o.backward(task["dout"][..., idx, :])
+            for name, t in (("dq", qs), ("dk", ks), ("dv", vs)):
+                if t.grad is not None:
+                    out[name] = t.grad
+    except BaseException as exc:  # noqa: BLE001 - returned, with the counts: a rule blocked at the dispatcher
+        # raises there, and the count of that call is what breaks the rule
+        return {"error": _error(phase, exc, task["root"] + os.sep), "guard": {k: int(v) for k, v in g.counts.items()}}
     return {"tensors": {k: _cpu(t) for k, t in out.items()},
             "guard": {k: int(v) for k, v in g.counts.items()}}
 
@@ -631,10 +638,29 @@ def run_ring(mod, it, g, root):
         rec["error"] = {"phase": "ring", "traceback": "", "message": _short(text),
                         "type": "NotImplementedError" if isinstance(exc, RankNotImplemented) else "RankError"}
         return rec
+    for res in results:
+        g.counts.update(res["guard"])
+    failed = {r: res["error"] for r, res in enumerate(results) if "error" in res}
+    if failed:
+        group.close()        # never reuse ranks after a failure: a hop posted before it may still be in flight
+        lines = [f"ring_attention failed on {len(failed)} of {RING_WORLD} ranks"]
+        lines += [f"  rank {r}: {e['type']} in the {e['phase']}: {e['message'].strip().splitlines()[-1] if e['message'].strip() else ''}"
+                  for r, e in sorted(failed.items())]
+        if any("Timed out" in e["message"] for e in failed.values()):
+            lines.append(f"  (a rank waited {RING_TIMEOUT_S:.0f} s for a message no rank sent: check that every rank "
+                         "posts the same hops in the same order, and waits for each)")
+        r0, e0 = min(failed.items())
+        lines.append(f"  traceback of rank {r0}:\n{e0['traceback']}")
+        text = "\n".join(lines)
+        if "Timed out" in text:
+            _RING["hung"] = _short(text, 2500)
+        stub = all(e["type"] == "NotImplementedError" for e in failed.values())
+        rec["error"] = {"phase": "ring", "traceback": "", "message": _short(text),
+                        "type": "NotImplementedError" if stub else next(iter(failed.values()))["type"]}
+        return rec
     for r, res in enumerate(results):
         for name, t in res["tensors"].items():
             rec["tensors"][f"{name}{r}"] = t
-        g.counts.update(res["guard"])
     return rec
 
 
