@@ -28,6 +28,12 @@ import torch.multiprocessing as mp
 
 
 PRELOAD = ["torch", "torch.distributed", "attnlib.ringcheck"]
+# What the grader's worker preloads: not attnlib. Python 3.11's forkserver imports its preloads with
+# the interpreter's default sys.path, not the parent's (3.12 passes it), so a worker started as
+# `python -I` with its private copy of attnlib first on sys.path would give its ranks whichever
+# attnlib the environment finds (an editable install: the grader's own, writable). The ranks then
+# import attnlib after the fork, once the parent's sys.path is theirs.
+PRELOAD_TORCH_ONLY = ["torch", "torch.distributed"]
 
 
 class RankError(AssertionError):
@@ -77,16 +83,18 @@ class RankGroup:
     receive that never matches raises inside the rank too). ``threads``: torch threads per rank.
     ``interpret``: run the steps' Triton kernels in Triton's interpreter even where a GPU is present
     (the ranks of a gloo group hold CPU tensors, which compiled Triton cannot take; without a GPU
-    the interpreter is used anyway).
+    the interpreter is used anyway). ``preload``: the modules the forkserver imports once for every
+    rank (default ``PRELOAD``; the grader's worker passes ``PRELOAD_TORCH_ONLY``, which says why).
     """
 
-    def __init__(self, world=2, impl=None, timeout_s=60.0, threads=1, interpret=False):
+    def __init__(self, world=2, impl=None, timeout_s=60.0, threads=1, interpret=False, preload=None):
         from .loader import impl_root
         self.world = world
         self.impl = str(impl_root(impl))
         self.timeout_s = float(timeout_s)
         self.threads = threads
         self.interpret = bool(interpret)
+        self.preload = list(PRELOAD if preload is None else preload)
         self._procs = []
         self.starts = 0                              # how many times the group was (re)started
 
@@ -96,7 +104,7 @@ class RankGroup:
         # (re)start costs a fork, not W imports of torch (spawn: 19 s for 4 ranks on 2 busy cores).
         # Not fork: the parent may already run OpenMP threads, which a fork does not survive.
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload(self.preload)
         self._tmp = tempfile.TemporaryDirectory(prefix="attn_dist_")
         store = os.path.join(self._tmp.name, "store")
         self._results = ctx.Queue()
@@ -109,9 +117,15 @@ class RankGroup:
             p.start()
         self.starts += 1
         ready = self._collect("ready", timeout=max(self.timeout_s, 120.0))
-        if len(ready) != self.world:
+        if len(ready) != self.world or any(m[0] != "ready" for m in ready.values()):
+            # A rank whose init_process_group raised sends its traceback instead of "ready" (and exits).
             self.close()
-            raise RankError(f"the process group did not start: {ready}")
+            why = [f"rank {r}: " + (m[2].strip().splitlines()[-1] if m[2] else m[0])
+                   for r, m in sorted(ready.items()) if m[0] != "ready"]
+            silent = [r for r in range(self.world) if r not in ready]
+            if silent:
+                why.append(f"ranks {silent} did not answer")
+            raise RankError("the process group did not start: " + "; ".join(why))
 
     def close(self):
         for j in getattr(self, "_jobs", []):

@@ -181,6 +181,34 @@ def diagnose(name, actual, rank, world, case, q, k, v, dout, scale, refs):
                            "the same block was merged twice (after the wait, take the received buffers)")
                     return (f"the K/V block of rank {s} (it reaches rank {rank} at ring step {step}) {what} "
                             f"rank {rank}'s {name}: {fix}")
+        # One block merged twice and another never: the loop kept the block it had instead of taking
+        # the one received (the same buffers sent on, and merged, again).
+        for s in range(world):
+            for t in range(world):
+                if t == s:
+                    continue
+                weight = torch.ones(n)
+                weight[positions(n, world, s, causal)] = 0.0
+                weight[positions(n, world, t, causal)] = 2.0
+                alt = _what_if(q, k, v, dout, causal, scale, weight)[which]
+                if _close(actual, rows_of(alt), dtype):
+                    return (f"the K/V block of rank {t} is counted twice in rank {rank}'s {name} and the block of "
+                            f"rank {s} is missing: after the wait, take the received buffers for the next step "
+                            "(k, v = the ones send_recv returned), not the block already merged")
+        if not causal and name == "O":
+            # Every block weighted alike: out = (out + block_out) / 2 at each step, the LSEs unused.
+            parts = []
+            for s in range(world):
+                weight = torch.zeros(n)
+                weight[positions(n, world, s, causal)] = 1.0
+                parts.append(rows_of(_what_if(q, k, v, dout, causal, scale, weight)[0]))
+            avg = parts[rank]
+            for step in range(1, world):
+                avg = 0.5 * avg + 0.5 * parts[(rank - step) % world]
+            if _close(actual, avg, dtype):
+                return (f"rank {rank}'s O is the blocks' outputs averaged with equal weights: the merge must weight "
+                        "each block by its share of the softmax, w = e^(block_lse - new_lse) = "
+                        "sigmoid(block_lse - lse), so a block whose keys score higher counts more")
     if name == "dQ":
         shares = [rows_of(t) for t in _dq_shares(q, k, v, dout, causal, scale, world)]
         total = sum(shares)

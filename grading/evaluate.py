@@ -64,6 +64,7 @@ class Refs:
     o: torch.Tensor | None = None
     lse: torch.Tensor | None = None
     grads: tuple | None = None
+    ring: tuple | None = None      # step 10: (RingCase, world, every rank's failures)
 
 
 _CAPSTONE_FN = {"step04": "FlashAttention2Torch", "step06": "FlashAttentionTriton"}   # capstone.dispatch.FUNCTIONS
@@ -78,7 +79,7 @@ class Fail(Exception):
 def _error_text(err: dict) -> str:
     where = {"import": "importing the step", "forward": "the forward", "backward": "the backward",
              "valid": "a valid input", "warmup": "the warm-up", "dispatch": "the capstone's dispatcher",
-             "training": "the capstone's training run"}.get(err.get("phase"), err.get("phase", "?"))
+             "training": "the capstone's training run", "ring": "the ring (on its ranks)"}.get(err.get("phase"), err.get("phase", "?"))
     text = f"{err.get('type', 'Error')} in {where}: {err.get('message', '')}".rstrip()
     if err.get("traceback"):
         text += "\n" + err["traceback"]
@@ -362,10 +363,81 @@ class Evaluator:
                      "check that each tensor's loads use that tensor's own strides")
         raise Fail(text)
 
+    # -- step 10: the ring on several ranks ----------------------------------------
+    def _ring_failures(self, it: Item, rec: dict) -> list:
+        """``[(tensor name, rank, report)]`` for every wrong tensor of every rank (attnlib.ringcheck),
+        computed once per item: the forward and the backward check share it."""
+        from attnlib.ringcheck import RingCase, rank_failures
+        r = self.refs.setdefault(id(it), Refs())
+        if getattr(r, "ring", None) is None:
+            world = int(rec["meta"].get("world", it.extra["world"]))
+            case = RingCase(batch=tuple(it.q.shape[:-2]), n=it.q.shape[-2], d=it.q.shape[-1],
+                            is_causal=it.is_causal, scale=it.scale)
+            scale = it.scale if it.scale is not None else 1 / math.sqrt(it.q.shape[-1])
+            ref_o, ref_lse = reference_attention(it.q, it.k, it.v, it.is_causal, it.scale)
+            refs = (ref_o, *self._grads(it)) if it.grads else (ref_o,)
+            failures = []
+            for rank in range(world):
+                got = {key: rec["tensors"].get(f"{key}{rank}") for key in ("o", "lse", "dq", "dk", "dv")}
+                missing = [k for k in (("o", "lse", "dq", "dk", "dv") if it.grads else ("o", "lse")) if got[k] is None]
+                names = {"o": "O", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
+                if "o" in missing or "lse" in missing:
+                    failures += [(names[k], rank, f"rank {rank} returned no {names[k]}: ring_attention must return "
+                                  "this rank's O, ring_attention_with_lse the pair (O, LSE)") for k in missing]
+                    continue
+                failures += rank_failures(got, rank, world, case, (it.q, it.k, it.v, it.dout, scale), ref_lse, refs)
+            order = {"LSE": 0, "O": 1, "dQ": 2, "dK": 3, "dV": 4}
+            r.ring = (case, world, sorted(failures, key=lambda f: (order[f[0]], f[1])))
+        return r.ring
+
+    def _ring_check(self, it: Item, rec: dict, names: tuple, where: str):
+        from attnlib.ringcheck import describe_rows
+        err = rec.get("error")
+        if err:
+            _from_error(err)
+        case, world, failures = self._ring_failures(it, rec)
+        mine = [f for f in failures if f[0] in names]
+        if not mine:
+            return
+        summary = ", ".join(f"{n} on rank {r}" for n, r, _ in mine)
+        layout = "; ".join(f"rank {r} holds {describe_rows(case.n, world, r, case.is_causal)}" for r in range(world))
+        raise Fail(f"ring attention on {world} ranks ({where}), case {case.id}: wrong {summary}\n"
+                   f"  ({layout})\n" + mine[0][2])
+
+    def check_ring_o(self, c: Check, it: Item, rec: dict):
+        self._ring_check(it, rec, ("LSE", "O"), "forward")
+
+    def check_ring_grads(self, c: Check, it: Item, rec: dict):
+        self._ring_check(it, rec, ("dQ", "dK", "dV"), "backward")
+
+    def check_ring_layout(self, c: Check, it: Item, rec: dict):
+        from attnlib.ringcheck import positions
+        if rec.get("error"):
+            _from_error(rec["error"])
+        world, n, causal = it.extra["world"], it.extra["n"], it.is_causal
+        how = (f"rank r holds chunk r, then chunk 2W-1-r, of 2W = {2 * world} chunks" if causal else
+               f"rank r holds rows [r N/W, (r+1) N/W)")
+        for r in range(world):
+            got = rec["tensors"].get(f"shard{r}")
+            want = positions(n, world, r, causal).tolist()
+            rows = got[0, 0, :, 0].long().tolist() if got is not None and got.dim() == 4 and got.shape[:2] == (1, 2) else None
+            if rows != want or tuple(got.shape) != (1, 2, len(want), 3):
+                raise Fail(f"shard(x, {world}, {r}, is_causal={causal}) of a sequence of {n} rows (row i holds i) "
+                           f"gives {('rows ' + str(rows)) if rows is not None else 'a tensor of shape ' + str(tuple(got.shape)) if got is not None else 'nothing'}, "
+                           f"expected rows {want}: {how}")
+        got = rec["tensors"].get("unshard")
+        rows = got[0, 0, :, 0].long().tolist() if got is not None and got.dim() == 4 else None
+        if rows != list(range(n)) or tuple(got.shape) != (1, 2, n, 3):
+            raise Fail(f"unshard of the {world} ranks' {'zigzag' if causal else 'contiguous'} shards gives "
+                       f"{('rows ' + str(rows)) if rows is not None else 'no sequence'}, not 0..{n - 1}: "
+                       + ("the first chunks go in rank order, then the second chunks in reverse rank order"
+                          if causal else "the shards go back in rank order"))
+
     CHECKS = {"o": check_o, "grads": check_grads, "o+grads": check_o_grads, "lse": check_lse,
               "saved": check_saved, "raises": check_raises, "backend": check_backend,
               "chosen": check_chosen, "time": check_time, "warmup": check_warmup,
-              "dispatch": check_dispatch, "train": check_train}
+              "dispatch": check_dispatch, "train": check_train,
+              "ring_o": check_ring_o, "ring_grads": check_ring_grads, "ring_layout": check_ring_layout}
 
     def evaluate(self, c: Check, it: Item, rec: dict) -> CheckResult:
         try:

@@ -395,9 +395,9 @@ class Grader:
                     rec.setdefault("tensors", {})
                     rec.setdefault("meta", {})
                     cr = ev.evaluate(c, it, rec)
-                    if c.what == "o" and cr.status == FAILED:
+                    if c.what in ("o", "ring_o") and cr.status == FAILED:
                         fwd_bug[i] = cr
-                    elif c.what == "grads" and cr.status == FAILED and i in fwd_bug:
+                    elif c.what in ("grads", "ring_grads") and cr.status == FAILED and i in fwd_bug:
                         f = fwd_bug[i]
                         cr.message += ("\n  the forward is wrong on this input too (see the forward group): fix it first"
                                        + (f"; likely bug there: {f.likely_bug}" if f.likely_bug else ""))

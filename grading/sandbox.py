@@ -312,7 +312,16 @@ def _tree_rss_mb(pid: int) -> float:
 
 _NAMESPACES: bool | None = None
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc", "--net", "--kill-child"]
-READ_ONLY = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+# The loopback interface of the worker's own network namespace, brought up before anything else
+# runs (as root: a worker user is only taken on by the command after it): step 10's gloo ranks,
+# child processes of the worker, connect to each other over it. The namespace has no other
+# interface, so this reaches no process outside the worker's namespace, and no network. Through
+# the SIOCSIFFLAGS ioctl (IFF_UP | IFF_RUNNING), so iproute2 need not be installed; `python -S`:
+# a few milliseconds. "$1" is the worker's interpreter. A failure leaves the loopback down (step
+# 10's ring group then says it needs a process group) and the rest of the sandbox as it was.
+LOOPBACK_UP = ('"$1" -I -S -c \'import fcntl, socket, struct; fcntl.ioctl(socket.socket(socket.AF_INET, '
+               'socket.SOCK_DGRAM), 0x8914, struct.pack("16sH14x", b"lo", 0x41))\' 2>/dev/null; ')
+READ_ONLY = LOOPBACK_UP + 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
 
 
 def namespaces_available() -> bool:
@@ -337,6 +346,27 @@ def namespaces_available() -> bool:
     return _NAMESPACES
 
 
+_LOOPBACK: bool | None = None
+
+
+def loopback_in_namespace() -> bool:
+    """Can a process inside the worker's network namespace listen on 127.0.0.1 (step 10's gloo
+    ranks)? Outside a namespace the machine's own loopback serves. (Probed once.)"""
+    global _LOOPBACK
+    if _LOOPBACK is None:
+        _LOOPBACK = True
+        if namespaces_available():
+            try:
+                with tempfile.TemporaryDirectory() as d:
+                    probe = subprocess.run(UNSHARE + ["sh", "-c", READ_ONLY, d, sys.executable, "-I", "-S", "-c",
+                                                      "import socket; socket.create_server(('127.0.0.1', 0))"],
+                                           capture_output=True, timeout=20)
+                _LOOPBACK = probe.returncode == 0
+            except (OSError, subprocess.SubprocessError):
+                _LOOPBACK = False
+    return _LOOPBACK
+
+
 def protections() -> list[tuple[str, bool, str]]:
     """(protection, active here, how) for `python -m grading doctor`."""
     ns = namespaces_available()
@@ -347,6 +377,8 @@ def protections() -> list[tuple[str, bool, str]]:
         ("own PID namespace: cannot see or signal the grader; no process survives the worker", ns,
          "unshare --pid --fork --mount-proc (needs root and util-linux)"),
         ("no network", ns, "unshare --net"),
+        ("a loopback for step 10's gloo ranks (inside the worker's namespace: no network)", loopback_in_namespace(),
+         "SIOCSIFFLAGS on lo, as root, before the worker starts" if ns else "the machine's own loopback"),
         ("grader library read-only inside the worker", ns, "a read-only bind mount in the worker's mount namespace"),
         ("an unprivileged worker user can be given", os.geteuid() == 0, "--worker-user (the grader must be root)"),
     ]

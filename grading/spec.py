@@ -66,12 +66,15 @@ STEP_SPECS: dict[int, StepSpec] = {
     # wider than the sequence); step 08's Function saves its LSE as (H, total_q), so no autograd group.
     8: StepSpec(_BASE + ("lse",), ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
     9: StepSpec(_FLASH, ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
-    # 10: graded through `attention` in one process (a ring of one: the local block and the merge);
-    # the ring itself across ranks is tests/test_step10_ring.py's, not yet a grader group.
-    10: StepSpec(_BASE, ("no_reference", "no_sdpa")),
+    # 10: `attention` in one process (a ring of one: the per-block kernel alone), and the ring itself:
+    # `ring_attention` on RING_WORLD gloo processes the worker starts (grading/worker.py, run_ring),
+    # every rank's O and LSE (ring) and dQ, dK, dV (ring_backward) against its rows of the float64
+    # reference, and `shard` / `unshard` (ring). The rules are watched inside every rank too.
+    10: StepSpec(_BASE + ("ring", "ring_backward"), ("no_reference", "no_sdpa")),
 }
 assert set(STEP_SPECS) == set(STEPS)
 
+RING_WORLD = 2                            # ranks of the ring groups (grading/worker.py starts them)
 NXN_PROBE = Case((1, 1), 512, 512, 32)    # larger than any sensible tile, so only a full matrix reaches Nq*Nk/2
 NXN_FRACTION = 0.5
 SPEED_CASE = Case((4, 16), 4096, 4096, 64)
@@ -116,13 +119,14 @@ SDPA_OPS = {
 class Check:
     group: str
     what: str        # "o", "grads", "o+grads", "lse", "saved", "raises", "backend", "chosen", "time", "warmup",
-                     # "dispatch", "train"
+                     # "dispatch", "train", "ring_o", "ring_grads", "ring_layout" (step 10)
     name: str        # shown to the student: the input it ran on
 
 
 @dataclass
 class Item:
-    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time | warmup | capstone
+    kind: str                      # attn | lse | saved | bad_input | backend | chosen_backend | time | warmup | capstone |
+                                   # ring | ring_layout
     id: str
     q: torch.Tensor
     k: torch.Tensor
@@ -250,6 +254,44 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
                     what = {"forward": "o", "backward": "grads", "lowp": "o+grads"}[g.kind]
                     it.checks.append(Check(g.name, what, name))
                     it.grads = it.grads or what != "o"
+            elif g.kind in ("ring", "ring_backward"):
+                if (device, dtype) != ("cpu", torch.float32):
+                    continue
+                # The whole sequence is one case with Nq = Nk = N; each of the ranks holds N / W rows
+                # (causal: two zigzag chunks of N / 2W).
+                for case in g.cases:
+                    for causal in g.causal:
+                        parts = 2 * RING_WORLD if causal else RING_WORLD
+                        if case.nq != case.nk or case.nq % parts:
+                            raise ValueError(f"step {step}: group {g.name!r}, case {case.id}: a ring case needs "
+                                             f"nq = nk and nq a multiple of {parts} ({'2 x ' if causal else ''}"
+                                             f"{RING_WORLD} ranks{', causal: zigzag' if causal else ''})")
+                runs = [(c, causal, None, 1.0) for c in g.cases for causal in g.causal]
+                runs += [(g.cases[0], causal, s, 1.0) for s in g.scales for causal in g.causal]
+                if g.kind == "ring":       # large scores: the merge's LSEs reach a few hundred (forward only)
+                    runs += [(g.cases[0], causal, None, f) for f in g.q_factors for causal in g.causal]
+                for case, causal, scale, factor in runs:
+                    key = f"ring/{case.id}/{causal}/{scale}/{g.seed}/q*{factor:g}"
+
+                    def make(case=case, causal=causal, scale=scale, key=key, factor=factor):
+                        q, k, v, dout = _inputs(case, g.seed, torch.float32)
+                        return Item("ring", key, q * factor if factor != 1 else q, k, v, causal, scale, "cpu",
+                                    dout=dout, extra={"world": RING_WORLD})
+                    it = get(key, make)
+                    name = (_check_name(case, causal, scale, torch.float32, "cpu")
+                            + (f" q*{factor:g}" if factor != 1 else "") + f" on {RING_WORLD} ranks")
+                    it.checks.append(Check(g.name, "ring_o" if g.kind == "ring" else "ring_grads", name))
+                    it.grads = it.grads or g.kind == "ring_backward"
+                if g.kind == "ring":       # the layout: the student's shard and unshard
+                    for world in (RING_WORLD, 4):
+                        for causal in g.causal:
+                            key = f"ring_layout/{world}/{causal}"
+                            n = 8 * world
+                            it = get(key, lambda: Item("ring_layout", key, *(torch.empty(0),) * 3, causal,
+                                                       extra={"world": world, "n": n}))
+                            it.checks.append(Check(g.name, "ring_layout",
+                                                   f"shard/unshard of {n} rows on {world} ranks "
+                                                   f"{'causal (zigzag)' if causal else 'full (contiguous)'}"))
             elif g.kind == "lse":
                 for case in g.cases:
                     for causal in g.causal:

@@ -529,8 +529,162 @@ def run_capstone(mod, it, g, root):
     return rec
 
 
+# ---------------------------------------------------------------------------
+# Step 10: the ring on a group of gloo processes, started inside this worker
+# ---------------------------------------------------------------------------
+# The ranks are this worker's children (attnlib.dist.RankGroup: a forkserver and W processes forked
+# from it), so they live in the worker's PID, mount and network namespace, under its address-space
+# cap (inherited) and its memory watchdog (the grader sums the whole process tree), and die with it.
+# They reach each other over the namespace's own loopback (grading/sandbox.py brings it up), and
+# import the same private copy of attnlib and grading as the worker. Each rank installs the step's
+# rule instruments before it imports the step, and sends its counts back with its tensors.
+
+RING_WORLD = 2
+RING_TIMEOUT_S = 20.0         # one job on any rank; a rank waiting in a receive no rank sends waits this long
+_RING: dict = {}              # the RankGroup, started on the first ring item and kept for the next ones
+_RANK_STATE: dict = {}        # inside a rank: its Guards and the step module
+
+
+def ring_rank_job(rank, world, task):
+    """On every rank: this rank's rows of the whole-sequence q, k, v (the course's layout,
+    ``attnlib.ringcheck.positions``) through ``ring_attention`` and ``ring_attention_with_lse``,
+    forward and backward, with the step's rule instruments watching. What the step raises comes back
+    as an error record, with the counts (the worker restarts the group after it)."""
+    from attnlib.ringcheck import positions
+    if "mod" not in _RANK_STATE:
+        g = Guards(task["rules"])
+        g.install()
+        from attnlib.loader import load_step
+        with g.watch("import"):
+            _RANK_STATE["mod"] = load_step(10, task["root"])
+        _RANK_STATE["guards"] = g
+    mod, g = _RANK_STATE["mod"], _RANK_STATE["guards"]
+    g.counts.clear()
+    phase = "forward"
+    try:
+        idx = positions(task["q"].shape[-2], world, rank, task["is_causal"])
+        qs, ks, vs = (task[n][..., idx, :].clone().requires_grad_(task["grads"]) for n in ("q", "k", "v"))
+        out = {}
+        with g.watch("fwd"):
+            o = mod.ring_attention(qs, ks, vs, is_causal=task["is_causal"], scale=task["scale"])
+            res = mod.ring_attention_with_lse(qs.detach(), ks.detach(), vs.detach(), is_causal=task["is_causal"],
+                                              scale=task["scale"])
+        if isinstance(o, torch.Tensor):
+            out["o"] = o.detach()
+        if isinstance(res, (tuple, list)) and len(res) == 2 and isinstance(res[1], torch.Tensor):
+            out["lse"] = res[1]
+        if task["grads"] and isinstance(o, torch.Tensor) and o.requires_grad:
+            phase = "backward"
+            with g.watch("bwd"):
+                o.backward(task["dout"][..., idx, :])
+            for name, t in (("dq", qs), ("dk", ks), ("dv", vs)):
+                if t.grad is not None:
+                    out[name] = t.grad
+    except BaseException as exc:  # noqa: BLE001 - returned, with the counts: a rule blocked at the dispatcher
+        # raises there, and the count of that call is what breaks the rule
+        return {"error": _error(phase, exc, task["root"] + os.sep), "guard": {k: int(v) for k, v in g.counts.items()}}
+    return {"tensors": {k: _cpu(t) for k, t in out.items()},
+            "guard": {k: int(v) for k, v in g.counts.items()}}
+
+
+def _ring_group(root):
+    from attnlib.dist import PRELOAD_TORCH_ONLY, RankGroup
+    if "group" not in _RING:
+        # Not attnlib in the forkserver's preload (attnlib/dist.py, PRELOAD_TORCH_ONLY): the ranks must
+        # import this worker's private copy, not whatever attnlib the environment would find.
+        _RING["group"] = RankGroup(world=RING_WORLD, impl=root, timeout_s=RING_TIMEOUT_S, threads=1,
+                                   preload=PRELOAD_TORCH_ONLY)
+    return _RING["group"]
+
+
+def close_ring():
+    if "group" in _RING:
+        with contextlib.suppress(Exception):
+            _RING.pop("group").close()
+
+
+def run_ring(mod, it, g, root):
+    """Step 10's ring on RING_WORLD gloo ranks; returns every rank's O, LSE (and dQ, dK, dV)."""
+    from attnlib.dist import RankError, RankNotImplemented
+    rec = {"tensors": {}, "meta": {"world": RING_WORLD}}
+    group = _ring_group(root.rstrip(os.sep))
+    task = {k: it[k] for k in ("q", "k", "v", "dout", "is_causal", "scale", "grads")}
+    task.update(rules=sorted(g.rules), root=root.rstrip(os.sep))
+    if "no_group" not in _RING and not group._procs:
+        try:
+            group.start()
+        except BaseException as exc:  # noqa: BLE001 - gloo could not connect: the ranks never ran
+            _RING["no_group"] = _short(
+                f"needs a process group: {RING_WORLD} gloo ranks could not start and connect inside the "
+                f"grader's worker, so the ring was not run (the grading machine's doing, not the "
+                f"submission's: tell your instructor; `python -m grading doctor` shows whether the worker's "
+                f"loopback is up). {str(exc).strip()[:1500]}")
+    if "no_group" in _RING:
+        rec["error"] = {"phase": "ring", "type": "NoProcessGroup", "traceback": "", "message": _RING["no_group"]}
+        return rec
+    if "hung" in _RING:
+        # A deadlock waits RING_TIMEOUT_S on every input, and the group restarts after each: the step
+        # would run out of time before it reported anything. One hang is enough to know.
+        rec["error"] = {"phase": "ring", "type": "RankError", "traceback": "",
+                        "message": "not run: the ring hung on an earlier input, so it was not started again. "
+                                   "There:\n" + _RING["hung"]}
+        return rec
+    try:
+        results = group.run(ring_rank_job, task)
+    except RankError as exc:
+        text = str(exc).replace(root, "<submission>/")
+        if "did not answer" in text or "Timed out" in text:
+            _RING["hung"] = _short(text, 2500)
+        rec["error"] = {"phase": "ring", "traceback": "", "message": _short(text),
+                        "type": "NotImplementedError" if isinstance(exc, RankNotImplemented) else "RankError"}
+        return rec
+    for res in results:
+        g.counts.update(res["guard"])
+    failed = {r: res["error"] for r, res in enumerate(results) if "error" in res}
+    if failed:
+        group.close()        # never reuse ranks after a failure: a hop posted before it may still be in flight
+        lines = [f"ring_attention failed on {len(failed)} of {RING_WORLD} ranks"]
+        lines += [f"  rank {r}: {e['type']} in the {e['phase']}: {e['message'].strip().splitlines()[-1] if e['message'].strip() else ''}"
+                  for r, e in sorted(failed.items())]
+        if any("Timed out" in e["message"] for e in failed.values()):
+            lines.append(f"  (a rank waited {RING_TIMEOUT_S:.0f} s for a message no rank sent: check that every rank "
+                         "posts the same hops in the same order, and waits for each)")
+        r0, e0 = min(failed.items())
+        lines.append(f"  traceback of rank {r0}:\n{e0['traceback']}")
+        text = "\n".join(lines)
+        if "Timed out" in text:
+            _RING["hung"] = _short(text, 2500)
+        stub = all(e["type"] == "NotImplementedError" for e in failed.values())
+        rec["error"] = {"phase": "ring", "traceback": "", "message": _short(text),
+                        "type": "NotImplementedError" if stub else next(iter(failed.values()))["type"]}
+        return rec
+    for r, res in enumerate(results):
+        for name, t in res["tensors"].items():
+            rec["tensors"][f"{name}{r}"] = t
+    return rec
+
+
+def run_ring_layout(mod, it, g, root):
+    """The student's ``shard`` of a tagged sequence (row i holds i) for every rank, and ``unshard``
+    of the course's own shards: where each rank's rows come from, and how they go back."""
+    from attnlib.ringcheck import positions
+    rec = {"tensors": {}, "meta": {}}
+    world, n, causal = it["extra"]["world"], it["extra"]["n"], it["is_causal"]
+    x = torch.arange(float(n))[None, None, :, None].expand(1, 2, n, 3).contiguous()
+    try:
+        with g.watch("fwd"):
+            for r in range(world):
+                rec["tensors"][f"shard{r}"] = _cpu(mod.shard(x, world, r, is_causal=causal))
+            own = [x[..., positions(n, world, r, causal), :] for r in range(world)]
+            rec["tensors"]["unshard"] = _cpu(mod.unshard(own, is_causal=causal))
+    except BaseException as exc:  # noqa: BLE001
+        rec["error"] = _error("forward", exc, root)
+    return rec
+
+
 RUNNERS = {"capstone": run_capstone, "attn": run_attn, "lse": run_lse, "saved": run_saved, "bad_input": run_bad_input,
-           "backend": run_backend, "chosen_backend": run_chosen, "time": run_time, "warmup": run_warmup}
+           "backend": run_backend, "chosen_backend": run_chosen, "time": run_time, "warmup": run_warmup,
+           "ring": run_ring, "ring_layout": run_ring_layout}
 
 
 def _save(obj, path: Path):
@@ -626,6 +780,7 @@ def main(argv=None):
         _save(rec, out / f"{i}.pt")
         ack(ack_fd, str(i))
         i += 1
+    close_ring()
     _save({"n": i}, out / "done.pt")
     return 0
 
