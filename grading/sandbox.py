@@ -542,15 +542,22 @@ def run_worker(*, base: Path, lib: Path, step: int, root: Path, items: list, rul
     if not has_gpu:   # a CUDA context maps far more address space than it uses: the watchdog caps RSS there
         limits.append((resource.RLIMIT_AS, int(memory_mb) * 2 ** 20))
     cmd = [sys.executable, "-I", "-c", BOOT.format(limits=limits, repo=str(lib)), str(base / "task.pt")]
-    if namespaces_available():
-        cmd = UNSHARE + ["sh", "-c", READ_ONLY, str(Path(lib).resolve())] + cmd
     kwargs = {}
-    if user:
-        pw = pwd.getpwnam(user)
-        kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    pw = pwd.getpwnam(user) if user else None
+    namespaced = namespaces_available() and (pw is None or shutil.which("setpriv") is not None)
+    if pw is not None:
         # The worker user may write only its own step folder and the caches; it reads the rest.
         for p in [base, cache, *base.rglob("*"), *cache.rglob("*")]:
             os.chown(p, pw.pw_uid, pw.pw_gid)
+        if namespaced:
+            # The namespace is set up as root (unshare, the loopback, the read-only mount); the user is
+            # taken on by the last command, setpriv (util-linux, like unshare). Popen(user=...) would
+            # drop root before unshare, which then fails: every worker "crashed" (2026-11-30).
+            cmd = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--"] + cmd
+        else:
+            kwargs.update(user=pw.pw_uid, group=pw.pw_gid, extra_groups=[])
+    if namespaced:
+        cmd = UNSHARE + ["sh", "-c", READ_ONLY, str(Path(lib).resolve())] + cmd
     run = WorkerRun()
     t0 = time.monotonic()
     try:

@@ -63,3 +63,39 @@ def test_worker_is_isolated(tmp_path):
 def test_doctor_lists_the_protections():
     rows = sandbox.protections()
     assert any("PID namespace" in name and active for name, active, _ in rows)
+
+
+AS_USER = '''
+import os
+MARK = {mark!r}
+open(MARK + ".who", "w").write(f"{{os.getuid()}} {{os.getgid()}} {{os.getpid()}}")
+
+def attention(q, k, v, is_causal=False, scale=None):
+    raise NotImplementedError("Step 01: nothing here")
+'''
+
+
+def test_worker_user_inside_the_namespace():
+    """Gradescope's run: `--worker-user student` and a namespace. The user is taken on inside the
+    namespace, after it is set up as root; dropped before `unshare`, every worker crashed."""
+    import pwd
+    import shutil
+    import tempfile
+    user = pwd.getpwnam("nobody")
+    top = Path(tempfile.mkdtemp(prefix="attn-worker-user-"))
+    try:
+        os.chmod(top, 0o755)
+        marks, sub = top / "marks", top / "sub"
+        marks.mkdir(mode=0o777)
+        os.chmod(marks, 0o777)
+        sub.mkdir(mode=0o755)
+        (sub / "step01_naive.py").write_text(AS_USER.format(mark=str(marks / "m")))
+        os.chmod(sub / "step01_naive.py", 0o644)
+        g = Grader(cfg.load(FIX / "config.toml"), jobs=1, threads=1, worker_user="nobody").grade(sub, [1])
+        s = g.steps[0]
+        assert s.status == "not implemented", f"the worker did not run as {user.pw_name}: {s.status}: {s.message}"
+        uid, gid, pid = (marks / "m.who").read_text().split()
+        assert (int(uid), int(gid)) == (user.pw_uid, user.pw_gid), f"the worker ran as uid {uid}, gid {gid}"
+        assert int(pid) < 10, f"the worker (pid {pid}) is not inside its own PID namespace"
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
