@@ -479,9 +479,11 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
         return sum(int(g.get(key, 0)) for i, g in guards.items() if only is None or i in only)
 
     for rule in rules:
-        # SDPA blocked at the dispatcher makes the call fail: nothing ran, but the rule was broken.
-        sdpa_tried = rule == "no_sdpa" and total("sdpa_fwd") + total("sdpa_bwd") + int(at_import.get("sdpa_import", 0))
-        if not ran_ok and not sdpa_tried:
+        # SDPA blocked at the dispatcher, or the worker's absent reference, makes the call fail: nothing
+        # ran, but the rule was broken.
+        tried = ((rule == "no_sdpa" and total("sdpa_fwd") + total("sdpa_bwd") + int(at_import.get("sdpa_import", 0)))
+                 or (rule == "no_reference" and total("reference") + int(at_import.get("reference", 0))))
+        if not ran_ok and not tried:
             out.append(RuleResult(rule, True, "not checked: nothing ran", evaluated=False))
             continue
         if rule == "no_reference":

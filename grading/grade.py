@@ -428,10 +428,13 @@ class Grader:
                     gr.note = "pays once the forward is right on at least one input"
 
         # Rules: any broken rule zeroes the step
-        # An import that failed because it called SDPA (blocked at the dispatcher) broke no_sdpa: say that.
-        sdpa_at_import = bool(imp_err) and "no_sdpa" in spec.rules and \
-            int((run.import_rec or {}).get("guard", {}).get("sdpa_import", 0)) > 0
-        if not step_problem and (not imp_err or sdpa_at_import):
+        # An import that failed on a forbidden call (SDPA blocked at the dispatcher, the worker's absent reference)
+        # broke that rule: say so.
+        guard_at_import = (run.import_rec or {}).get("guard", {})
+        forbidden_at_import = bool(imp_err) and (
+            ("no_sdpa" in spec.rules and int(guard_at_import.get("sdpa_import", 0)) > 0)
+            or ("no_reference" in spec.rules and int(guard_at_import.get("reference", 0)) > 0))
+        if not step_problem and (not imp_err or forbidden_at_import):
             # The rules are about attention; a warm-up's launches are not the forward's (and are counted apart).
             ran_ok_checks = {i for i in ran_ok if items[i].checks and items[i].kind != "warmup"}
             cache = self.cache or work / "cache"
@@ -452,7 +455,7 @@ class Grader:
             res.status, res.message = step_problem
             for gr in res.groups:
                 gr.points = 0.0
-        elif imp_err and imp_err.get("type") != "NotImplementedError" and not (sdpa_at_import and broken):
+        elif imp_err and imp_err.get("type") != "NotImplementedError" and not (forbidden_at_import and broken):
             res.status = S_IMPORT
             res.message = f"importing {mod} failed: {imp_err.get('type')}: {imp_err.get('message', '')}"
         elif (failing and all(c.status == NOT_IMPLEMENTED for c in failing)

@@ -106,7 +106,7 @@ RELEASE_FILES = [
     # The grader, for `make grade`; not the packaging, the leak check or the Gradescope scripts.
     "grading/__init__.py", "grading/__main__.py", "grading/batch.py", "grading/config.py",
     "grading/config.toml", "grading/evaluate.py", "grading/grade.py", "grading/report.py",
-    "grading/sandbox.py", "grading/spec.py", "grading/worker.py", "grading/README.md",
+    "grading/sandbox.py", "grading/spec.py", "grading/worker.py", "grading/worker_reference.py", "grading/README.md",
     "notebooks/[0-9][0-9]_*.ipynb", "notebooks/[0-9][0-9]_*.py",   # the notebooks and their jupytext sources
     "tests/test_step[0-9][0-9]_*.py", "tests/test_contract.py", "tests/test_attnlib.py",
     "tests/test_notebooks.py", "tests/test_bench.py", "tests/test_ops.py", "tests/test_cs336.py", "tests/test_packaging.py",

@@ -132,6 +132,10 @@ def worker_lib(dst: Path) -> Path:
     that patches or rewrites "attnlib" changes this copy, never the grader's."""
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copytree(REPO / "attnlib", dst / "attnlib", ignore=shutil.ignore_patterns("__pycache__"))
+    # No reference in the worker: every comparison happens in the grader, so the worker's copy of
+    # attnlib.reference only raises. Unwrapping the rule's counter (__wrapped__) or reloading the
+    # module then finds nothing to call (issue 14, hole 2: 10/10 that way before).
+    shutil.copyfile(REPO / "grading" / "worker_reference.py", dst / "attnlib" / "reference.py")
     shutil.copytree(REPO / "capstone", dst / "capstone", ignore=shutil.ignore_patterns("__pycache__"))
     (dst / "grading").mkdir()
     (dst / "grading" / "__init__.py").write_text("")

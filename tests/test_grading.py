@@ -77,6 +77,8 @@ HOSTILE = {
                ["O does not match the reference", "the output does not require grad"], {}),
     "evil_pickle": ([1], {1: (0.0, "rejected")}, ["is not plain tensors and values", "the whole step scores 0"], {}),
     "reference_cheat": ([1], {1: (0.0, "rule broken")}, ["called attnlib's reference_attention/reference_backward"], {}),
+    # Issue 14, hole 2: the reference unwrapped (__wrapped__) or reloaded; the worker's copy has none.
+    "reference_unwrapped": ([1], {1: (0.0, "failed")}, ["attnlib.reference_attention is not available while a step is graded"], {}),
     "not_a_tensor": ([1, 2], {1: (0.0, "failed"), 2: (0.0, "missing")},
                      ["attention must return one tensor, got list", "step02_compile.py is missing"], {}),
     "aten_sdpa": ([4], {4: (0.0, "rule broken")}, ["F.scaled_dot_product_attention ran"], {}),
