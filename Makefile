@@ -41,8 +41,10 @@ grade: $(STAMP)
 check: $(STAMP)
 	$(VPY) -m pytest -m quick --impl $(IMPL) -q
 
+# Two pytest-xdist workers, one thread each (the CI machine's two cores): 9m45s on that machine
+# (2026-11-30), against 12m13s in one process. Each planted submission is graded by the worker whose test asks.
 test: $(STAMP)
-	$(VPY) -m pytest --impl solutions -q
+	OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q -n 2 --dist load
 
 lab: $(STAMP)
 	$(VPY) -m jupyter lab --notebook-dir=$(CURDIR)
