@@ -109,7 +109,6 @@ class Guards:
                     setattr(mod, name, self._counting(getattr(mod, name), "reference"))
 
     # Every aten operator that is SDPA or one of its fused kernels (not _fused_sdp_choice, which only picks).
-    SDPA_OPS = ("scaled_dot_product_attention", "_scaled_dot_product_attention_math")
     SDPA_KERNEL_WORDS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
 
     def _block_sdpa(self):
@@ -203,8 +202,6 @@ class Guards:
     def watch(self, phase: str, nxn_probe: bool = False):
         """Count what happens while the submission runs ``phase`` ("fwd" or "bwd")."""
         modes = []
-        if "no_sdpa" in self.rules and not self.sdpa_blocked:
-            modes.append(_SdpaFunctionMode(self))
         if self.rules & {"no_sdpa", "extension"} or (nxn_probe and "no_nxn" in self.rules):
             # aten level: an SDPA kernel called through torch.ops, a custom op, the largest tensor made
             modes.append(_OpDispatchMode(self, nxn=nxn_probe and "no_nxn" in self.rules))
@@ -226,17 +223,6 @@ class Guards:
             d["max_numel"] = int(self.max_numel)
             d["max_desc"] = self.max_desc
         return d
-
-
-class _SdpaFunctionMode(torch.overrides.TorchFunctionMode):
-    def __init__(self, guards):
-        super().__init__()
-        self.guards = guards
-
-    def __torch_function__(self, func, types_, args=(), kwargs=None):
-        if "scaled_dot_product_attention" in getattr(func, "__name__", ""):
-            self.guards.counts[f"sdpa_{self.guards.phase}"] += 1
-        return func(*args, **(kwargs or {}))
 
 
 class _OpDispatchMode(torch.utils._python_dispatch.TorchDispatchMode):
