@@ -100,7 +100,6 @@ def machine() -> str:
 def execute(src: Path, dst: Path, impl: str = "solutions", timeout: int = 1800) -> Path:
     """Run notebook ``src`` from notebooks/ as a student would (no PYTHONPATH) and write it, outputs
     and all, to ``dst``, with a first cell that names the machine and the date."""
-    import datetime
     import nbclient
     import nbformat
     nb = nbformat.read(src, as_version=4)
@@ -113,10 +112,18 @@ def execute(src: Path, dst: Path, impl: str = "solutions", timeout: int = 1800) 
     finally:
         os.environ.clear()
         os.environ.update(old)
+    return write_executed(nb, src.name, impl, dst)
+
+
+def write_executed(nb, name: str, impl: str, dst: Path, by: str = "`make executed`") -> Path:
+    """Write executed notebook ``nb`` (of ``notebooks/<name>``) to ``dst`` with a first cell that
+    names the machine and the date."""
+    import datetime
+    import nbformat
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(
-        f"*Executed copy of `notebooks/{src.name}` with IMPL = \"{impl}\", on {machine()}, {when}, by "
-        "`make executed`. The source is the notebook next to this folder; edit that, not this.*"))
+        f"*Executed copy of `notebooks/{name}` with IMPL = \"{impl}\", on {machine()}, {when}, by "
+        f"{by}. The source is the notebook next to this folder; edit that, not this.*"))
     dst.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, dst)
     return dst

@@ -101,7 +101,10 @@ def test_notebook_runs(path):
         pytest.skip(f"{path.name} runs {', '.join(lacking)}, which {root} lacks")
     nb = nbformat.read(path, as_version=4)
     old = dict(os.environ)
-    env = _env_without_pythonpath(ATTN_IMPL=str(root), MPLBACKEND="Agg")     # before the clear below
+    # ATTN_EXECUTED_DIR (set by `make gpu-check`): keep each executed notebook there, plots inline
+    keep = os.environ.get("ATTN_EXECUTED_DIR")
+    backend = "module://matplotlib_inline.backend_inline" if keep else "Agg"
+    env = _env_without_pythonpath(ATTN_IMPL=str(root), MPLBACKEND=backend)     # before the clear below
     os.environ.clear()
     os.environ.update(env)
     stub = None
@@ -118,6 +121,9 @@ def test_notebook_runs(path):
         os.environ.update(old)
     if stub is not None:
         pytest.fail(f"NOT IMPLEMENTED: {path.name} runs {root} and stops at a stub: {stub}", pytrace=False)
+    if keep:
+        from attnlib.nb import write_executed
+        write_executed(nb, path.name, root.name, Path(keep) / path.name, by="`make gpu-check` (tests/test_notebooks.py)")
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
