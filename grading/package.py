@@ -126,7 +126,7 @@ RELEASE_FILES = [
 ]
 # Never, whatever the list above says: a second lock. Among them the maintainers' tests, which check
 # solutions/ itself (test_stubs, test_notebooks_solutions): the release has no solutions/.
-NEVER = ["solutions/*", "hidden/*", "*hidden.toml", "tests/grading_fixtures/*", "tests/test_grading*.py",
+NEVER = ["solutions/*", "notebooks/executed/*", "hidden/*", "*hidden.toml", "tests/grading_fixtures/*", "tests/test_grading*.py",
          "tests/test_stubs.py", "tests/test_notebooks_solutions.py", "tests/test_release.py", "*.log",
          "grading/gradescope/*", "grading/leaks.py",
          "grading/package.py", "grading/release/*"]

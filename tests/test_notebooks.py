@@ -68,6 +68,11 @@ def test_one_switch_in_every_notebook(path):
 
 NOT_INSTALLED = not_installed_mark()
 
+# How an executed copy kept by `make gpu-check` was made (its first cell says it)
+GPU_CHECK_BY = ("`make gpu-check` (tests/test_notebooks.py), beside the rest of the test suite and the grader "
+                "on the same GPU: a time this copy measured live ran under their load (the tables it reads "
+                "from results/ were measured alone)")
+
 
 @NOT_INSTALLED
 def test_attnlib_imports_from_notebooks_without_pythonpath():
@@ -123,7 +128,7 @@ def test_notebook_runs(path):
         pytest.fail(f"NOT IMPLEMENTED: {path.name} runs {root} and stops at a stub: {stub}", pytrace=False)
     if keep:
         from attnlib.nb import write_executed
-        write_executed(nb, path.name, root.name, Path(keep) / path.name, by="`make gpu-check` (tests/test_notebooks.py)")
+        write_executed(nb, path.name, root.name, Path(keep) / path.name, by=GPU_CHECK_BY)
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
