@@ -491,7 +491,7 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode must be 'separate', 'atomic' or 'fused', got {dq_mode!r}")
     prec = _dot_precision(q.dtype)
-    lse = lse.reshape(B * H, nq)
+    lse = lse.reshape(B * H, nq).contiguous()     # the kernels index it as (B*H, nq), row stride nq: a row slice of a longer LSE (the ring passes lse[..., rows]) is a view with another stride
     delta = q.new_empty((B * H, nq), dtype=torch.float32)
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
     dq = q.new_zeros(q.shape, dtype=torch.float32) if dq_mode == "atomic" else q.new_empty(q.shape)

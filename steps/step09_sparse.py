@@ -303,7 +303,7 @@ def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale):
     nk = k4.shape[2]
     bd, prec = _pow2_dim(d), _dot_precision(q.dtype)
     delta = (do.float() * o.float()).sum(-1).reshape(B * H, nq)        # D = rowsum(dO * O)
-    lse = lse.reshape(B * H, nq)
+    lse = lse.reshape(B * H, nq).contiguous()     # the kernels index it as (B*H, nq), row stride nq: a row slice of a longer LSE (the ring passes lse[..., rows]) is a view with another stride
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dq4, dk4, dv4 = as_bhnd(dq), as_bhnd(dk), as_bhnd(dv)
     cfg = bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)

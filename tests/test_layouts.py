@@ -85,3 +85,33 @@ def test_delta_does_not_overflow_fp16(load, step, is_causal):
     ref_o, _ = reference_attention(q, k, v, is_causal)
     assert (ref_o * do.double()).sum(-1).abs().max() > 65504          # the data does what it says
     _check(m, q, k, v, do, is_causal, "large |O| and |dO|: D = rowsum(dO * O) exceeds fp16's 65504")
+
+
+@pytest.mark.parametrize("step", [pytest.param(6, marks=pytest.mark.step06, id="step06"),
+                                  pytest.param(9, marks=pytest.mark.step09, id="step09")])
+def test_backward_of_row_slices(load, step):
+    """The ring (step 10) calls step 06's ``backward`` on half a shard's rows: q, O, dO and the LSE are
+    row slices of longer tensors, views whose head stride is not rows x D (nor rows, for the LSE).
+
+    Planted and caught on two H200s (2026-11-30): the LSE flattened with ``reshape`` (a view here)
+    and read as if its row stride were Nq, so every head but the first took another row's LSE
+    (dQ off by 100x on head 1 only, while a one-head test passed).
+    """
+    m, fwd = load(step), (load(5).forward if step == 6 else None)
+    g = torch.Generator().manual_seed(11)
+    q_all, do_all = (torch.randn(B, H, 2 * NQ, D, generator=g).to(DEVICE) for _ in range(2))
+    k, v = (torch.randn(B, H, NK, D, generator=g).to(DEVICE) for _ in range(2))
+    rows, scale = slice(NQ, 2 * NQ), D ** -0.5
+    q, do = q_all[..., rows, :], do_all[..., rows, :]
+    extra = () if step == 6 else (NQ + NK, 0)                 # step 09: a window that sees every key
+    o, lse = fwd(q.contiguous(), k, v, False, scale) if step == 6 else \
+        m.forward(q.contiguous(), k, v, *extra, False, scale)
+    o_all, lse_all = torch.zeros_like(q_all), torch.zeros(B, H, 2 * NQ, device=DEVICE)
+    o_all[..., rows, :], lse_all[..., rows] = o, lse
+    o, lse = o_all[..., rows, :], lse_all[..., rows]
+    assert not (q.is_contiguous() or o.is_contiguous() or lse.is_contiguous())
+    grads = m.backward(q, k, v, o, lse, do, *extra, False, scale)
+    ctx = f"step {step:02d} backward on rows {NQ}-{2 * NQ - 1} of a {2 * NQ}-row q, O, dO and LSE (views), H={H}"
+    for name, got, ref, label in zip(("dQ", "dK", "dV"), grads, reference_backward(q, k, v, do, False),
+                                     ("query rows", "key rows", "key rows")):
+        assert_close(got, ref, name=name, row_label=label, context=ctx)

@@ -155,7 +155,7 @@ def test_ring_on_4_ranks():
 def test_ring_through_the_triton_kernels(group2):
     """The GPU path (step 05's forward and step 06's backward launchers) in Triton's interpreter, on a GPU
     machine too (the gloo ranks hold CPU tensors; compiled, it runs in bench/ring_gpu.py under torchrun)."""
-    check_ring(group2, RingCase(batch=(1, 1), n=32, d=16, is_causal=True, kernel="triton", seed=9))
+    check_ring(group2, RingCase(batch=(1, 2), n=32, d=16, is_causal=True, kernel="triton", seed=9))   # two heads: a head stride the kernels get wrong shows only past the first
 
 
 def trace_job(rank, world, is_causal):
