@@ -493,11 +493,18 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
                                   + ": the grade compares against that reference, so a step must compute "
                                   "attention itself" if n + i else ""))
         elif rule == "compiled":
-            n = max((int(g.get("dynamo_graphs", 0)) for g in guards.values()), default=0)
+            # Graphs compiled while a graded call ran (not at import: a decoy compiled there, with attention
+            # run eagerly, must not pass); ``dynamo_graphs`` is every graph compiled in the worker.
+            n = total("dynamo_graphs_call")
+            ever = max([int(g.get("dynamo_graphs", 0)) for g in guards.values()]
+                       + [int(at_import.get("dynamo_graphs", 0))])
             files = observed.get("inductor_files")
             if n == 0:
-                out.append(RuleResult(rule, False, "torch.compile never compiled a graph: compiled_naive() must "
-                                      "return torch.compile(naive_attention, ...) and attention must call it"))
+                out.append(RuleResult(rule, False, "torch.compile never compiled a graph while attention ran"
+                                      + (f" ({ever} graph(s) were compiled, all outside the graded calls: at "
+                                         "import or before)" if ever else "")
+                                      + ": compiled_naive() must return torch.compile(naive_attention, ...) and "
+                                      "attention must call it"))
             elif files == 0:     # the grader's own look: Inductor writes the code it generates to the cache
                 out.append(RuleResult(rule, False, f"the worker reports {n} compiled graph(s), but Inductor generated "
                                       "no code (compile caches are empty): torch.compile with the default "

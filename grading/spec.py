@@ -29,7 +29,7 @@ from .config import Group
 
 RULES = {
     "no_reference": "must not call the course's reference (attnlib.reference_attention / reference_backward)",
-    "compiled": "must run through torch.compile (Dynamo must compile at least one graph)",
+    "compiled": "must run through torch.compile (Dynamo must compile at least one graph while attention runs)",
     "no_sdpa": "must not call F.scaled_dot_product_attention (forward or backward)",
     "no_nxn": "must not build an Nq x Nk tensor (checked at Nq = Nk = 512, forward and backward)",
     "triton_fwd": "the forward must launch a Triton kernel",

@@ -205,6 +205,7 @@ class Guards:
         if self.rules & {"no_sdpa", "extension"} or (nxn_probe and "no_nxn" in self.rules):
             # aten level: an SDPA kernel called through torch.ops, a custom op, the largest tensor made
             modes.append(_OpDispatchMode(self, nxn=nxn_probe and "no_nxn" in self.rules))
+        graphs = self._dynamo_graphs() if "compiled" in self.rules else 0
         self.phase = phase
         try:
             with contextlib.ExitStack() as stack:
@@ -213,6 +214,15 @@ class Guards:
                 yield
         finally:
             self.phase = None
+            if "compiled" in self.rules:
+                # ``compiled`` counts the graphs Dynamo compiles *during* a graded call: a decoy compiled at
+                # import (hostile/compile_decoy) leaves the calls' count at 0.
+                self.counts["dynamo_graphs_call"] += max(0, self._dynamo_graphs() - graphs)
+
+    @staticmethod
+    def _dynamo_graphs() -> int:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"].get("unique_graphs", 0))
 
     def snapshot(self) -> dict:
         d = {k: int(v) for k, v in self.counts.items()}
