@@ -32,8 +32,8 @@ build N x N), so halving the per-GPU memory at the same N is the same statement;
 both peaks. (Finding the largest N that fits directly would mean running attention at millions of
 tokens, minutes per call at these FLOPs.)
 
-Writes ``--out``/ring.json (rows + machine), ring.png, trace_rank{r}_N{n}.json. Not measured on a
-GPU yet (written on a CPU machine; the --cpu-smoke path was run there with 2 gloo processes).
+Writes ``--out``/ring.json (rows + machine), ring.png, trace_rank{r}_N{n}.json. Run on two H200s on
+2026-11-30: results/h200/ring/ (its README: the figures, and the bug the check stage caught first).
 """
 
 from __future__ import annotations

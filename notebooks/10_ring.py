@@ -229,13 +229,30 @@ for case in (RingCase(batch=(1, 2), n=64, d=16, is_causal=False),
 # hop brings each block's gradient home. `tests/test_step10_ring.py` checks the order of these
 # events on every rank. On two H200s, `bench/ring_gpu.py` measures the same loop with NCCL and saves a
 # profiler trace in which the NCCL send/receive kernels run on their own stream under the attention
-# kernels (`torchrun --nproc-per-node 2 bench/ring_gpu.py`; results in `results/h200/ring/` once run).
+# kernels (`torchrun --nproc-per-node 2 bench/ring_gpu.py`; results in `results/h200/ring/`).
+#
+# Below, that run on two H200s joined by NVLink: per GPU, the ring against step 06 alone on a
+# sequence as long as its shard, and against one GPU doing the whole sequence. Read the last column
+# before you promise anyone a longer context: each GPU holds half the sequence, yet its peak memory is
+# *higher* than one GPU's on the whole of it. The float32 dQ and the float32 dK, dV travelling
+# around the ring (one set being added to, the next arriving) outweigh the half the shard saves:
+# `results/h200/ring/README.md` counts them tensor by tensor.
 
 # %%
+import json
+from IPython.display import Image, display
 from attnlib.nb import REPO
-ring_results = REPO / "results" / "h200" / "ring"
-print("H200 ring results:", sorted(p.name for p in ring_results.glob("*")) if ring_results.exists()
-      else "not measured yet (bench/ring_gpu.py)")
+ring_results = REPO / "results" / "h200" / "ring" / "ring.json"
+if ring_results.exists():
+    run = json.loads(ring_results.read_text())
+    print(f"{run['machine']['gpu']} x {run['world']}, {run['machine']['date']}; B=1 H=16 D=64 bf16 causal, fwd+bwd")
+    print(f"{'N':>7} {'ring ms':>9} {'TFLOP/s/GPU':>12} {'x step06@shard':>15} {'speed-up':>9} {'peak MiB ring/one GPU':>22}")
+    for r in run["rows"]:
+        print(f"{r['N']:>7} {r['ring_ms']:>9.1f} {r['ring_tflops_per_gpu']:>12.0f} {r['ratio_to_step06_shard']:>15.2f} "
+              f"{r['speedup_over_one_gpu']:>8.2f}x {r['ring_peak_mib_rank0']:>11.0f} / {r['step06_whole_peak_mib']:.0f}")
+    display(Image(filename=str(ring_results.with_name("ring.png"))))
+else:
+    print("not measured yet (bench/ring_gpu.py)")
 
 # %% [markdown]
 # ## 5. PyTorch's own context parallelism
