@@ -3,12 +3,20 @@
     python -m capstone train                                 # CPU: tiny model, the dispatcher falls back
     python -m capstone train --attn step06 --size small --dtype bf16 --steps 200 --compile   # a GPU
     torchrun --nproc-per-node 2 -m capstone train --attn step06 --size small --dtype bf16    # DDP, 2 GPUs
+    torchrun --nproc-per-node 2 -m capstone train --parallel fsdp --size small --dtype bf16  # FSDP2, 2 GPUs
     python -m capstone explain --size small --dtype bf16     # which attention auto picks here, and why
 
 Prints the loss on a progress bar with tokens/s; ``--out run.json`` keeps the loss of every step
 and the timing. ``--attn``: auto, step07, step06, step04, math, or a baseline (sdpa-flash,
 sdpa-cudnn, sdpa, naive). ``--dtype fp16`` trains under autocast with a gradient scaler, ``bf16``
 under autocast without one, ``fp32`` without autocast.
+
+Under torchrun (WORLD_SIZE > 1; NCCL on GPUs, gloo on a CPU) ``--parallel ddp`` (the default) wraps the
+model in DistributedDataParallel; ``--parallel fsdp`` shards it with FSDP2 (``fully_shard``: each block,
+then the root; parameters become DTensors, sharded on dim 0, gathered around each block's forward and
+backward; gradients reduce-scattered). Each rank trains on its own slice of one global batch of
+``--batch x world`` sequences, and the loss recorded is the mean over ranks: the loss of that global
+batch, what one process training on the whole batch records (tests/test_capstone_dist.py).
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ def parse(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile(model, fullgraph=True)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--parallel", default=None, choices=["ddp", "fsdp"],
+                    help="under torchrun: DDP (default) or FSDP2 (fully_shard per block, then the root)")
     ap.add_argument("--out", type=Path, default=None, help="write the run (losses, timing) as JSON here")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     return ap.parse_args(argv)
@@ -60,8 +70,26 @@ def _progress(n, quiet):
         return None
 
 
-def train(args):
-    """Train; return (run, model): run is what --out writes."""
+def _wrap(model, parallel, device):
+    """The model as ``parallel`` trains it: DDP, or FSDP2 on each block and then the root."""
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+    # The blocks first, so each is its own all-gather / reduce-scatter group; the root then holds what
+    # is left (embeddings, the tied head, the final norm). Autocast works on the gathered fp32
+    # parameters as it does without FSDP (no MixedPrecisionPolicy: the same numerics as DDP).
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def train(args, hook=None):
+    """Train; return (run, model): run is what --out writes.
+
+    ``hook(i)``, if given, runs before step i and once more with i = steps after the last: the bench
+    starts and stops a profiler there.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -72,6 +100,7 @@ def train(args):
             torch.cuda.set_device(device)
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    parallel = (getattr(args, "parallel", None) or "ddp") if world > 1 else "none"
     torch.manual_seed(args.seed)
     cfg = config(args.size, attn=args.attn, code=args.code)
     if args.context:
@@ -79,8 +108,13 @@ def train(args):
     model = GPT(cfg).to(device)
     amp = DTYPES[args.dtype]
     autocast = (lambda: torch.autocast(device.type, dtype=amp)) if amp else contextlib.nullcontext
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if parallel == "fsdp":
+        # Each rank checks only its shard of the gradients for inf/NaN: ShardedGradScaler all-reduces
+        # found_inf, so every rank skips (or takes) the same steps.
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        scaler = ShardedGradScaler(device.type, enabled=amp == torch.float16)
+    else:
+        scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     stream = data.batches(data.corpus(), args.batch, cfg.context, seed=args.seed, rank=rank, world=world)
 
     # Decide the attention eagerly (imports, a build, a trial call) before anything is compiled.
@@ -91,14 +125,17 @@ def train(args):
     probe = torch.empty(1, cfg.heads, cfg.context, h, device=device, dtype=amp or torch.float32)
     choice = dispatch.choose(probe, probe, probe, True, args.attn, args.code)
     if world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        model = _wrap(model, parallel, device)
+    # After the wrap: FSDP2 replaces the parameters by DTensors, and the optimizer must hold those.
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     step_fn = torch.compile(model, fullgraph=True) if args.compile else model
 
     losses, times = [], []
     bar = _progress(args.steps, args.quiet or rank != 0)
     tokens = args.batch * cfg.context * world
     for i in range(args.steps):
+        if hook is not None:
+            hook(i)
         if i:
             x, y = next(stream)
         x, y = x.to(device), y.to(device)
@@ -114,22 +151,32 @@ def train(args):
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss.detach()))
+        loss = loss.detach()
+        if world > 1:       # the global batch's loss: each rank's mean over the same number of tokens
+            loss = loss.clone()
+            torch.distributed.all_reduce(loss)
+            loss /= world
+        losses.append(float(loss))
         if not math.isfinite(losses[-1]):
             raise FloatingPointError(f"step {i}: the loss is {losses[-1]} ({choice.impl}, {args.dtype})")
         if bar is not None:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", tok_s=f"{tokens / times[-1]:,.0f}")
             bar.update()
+    if hook is not None:
+        hook(args.steps)
     if bar is not None:
         bar.close()
     steady = times[len(times) // 5:] or times      # the first steps compile and warm up
     run = {"attn": args.attn, "chose": choice.impl, "passed_over": choice.passed_over, "size": args.size,
-           "context": cfg.context, "batch": args.batch, "world": world, "dtype": args.dtype,
+           "context": cfg.context, "batch": args.batch, "world": world,
+           "parallel": parallel, "dtype": args.dtype,
            "compile": args.compile, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "losses": losses,
-           "tokens_per_s": round(tokens * len(steady) / sum(steady), 1), "ms_per_step": round(1000 * sum(steady) / len(steady), 3)}
+           "tokens_per_s": round(tokens * len(steady) / sum(steady), 1), "ms_per_step": round(1000 * sum(steady) / len(steady), 3),
+           "ms_per_step_median": round(1000 * sorted(steady)[len(steady) // 2], 3)}
     if rank == 0:
-        print(f"{choice.impl} ({args.dtype}{', compiled' if args.compile else ''}): loss {losses[0]:.3f} -> "
+        how = f"{args.dtype}{', compiled' if args.compile else ''}" + (f", {parallel} x {world}" if world > 1 else "")
+        print(f"{choice.impl} ({how}): loss {losses[0]:.3f} -> "
               f"{losses[-1]:.3f} in {args.steps} steps, {run['tokens_per_s']:,.0f} tokens/s")
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
