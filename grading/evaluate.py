@@ -523,9 +523,23 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
                 it = items[i]
                 limit = NXN_FRACTION * math.prod(it.q.shape[:-2]) * it.q.shape[-2] * it.k.shape[-2]
                 rec = records.get(i)
+                n = it.q.shape[-2]
+                headroom = it.extra.get("headroom_mb")
                 if rec is None or rec.get("error"):
                     err = rec.get("error") if rec else None
-                    bad, msg = True, ("the Nq = Nk = 512 probe of the N x N rule did not run"
+                    if headroom:     # the memory probe: the OS refused what the call asked for, or it broke
+                        nxn_mb = math.prod(it.q.shape[:-2]) * n * it.k.shape[-2] * 4 / 2 ** 20
+                        bad, msg = True, (f"at Nq = Nk = {n} ({'causal' if it.is_causal else 'full'}), run with "
+                                          f"{headroom} MiB of memory on top of what the worker held (an Nq x Nk "
+                                          f"float32 matrix takes {nxn_mb:.0f} MiB; Bq x Bk tiles or Nq x Bk strips "
+                                          "a few MiB), the "
+                                          + (f"{err.get('phase', 'call')} failed ({err.get('type')}: "
+                                             f"{err.get('message', '')[:200]})" if err else "call never came back")
+                                          + ": an Nq x Nk tensor, or Nq x Nk worth of smaller ones kept alive "
+                                          "(by autograd?). Keep only the running max, sum and accumulator, and "
+                                          "save only O and the LSE for the backward")
+                        break
+                    bad, msg = True, (f"the Nq = Nk = {n} probe of the N x N rule did not run"
                                       + (f" ({err.get('type')}: {err.get('message', '')[:200]})" if err else "")
                                       + ": the rule cannot be checked, so it counts as broken")
                     break

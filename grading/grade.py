@@ -202,7 +202,7 @@ def _where(items: list[Item], run: sandbox.WorkerRun) -> str:
         c = items[int(line)].checks[0]
         return f"while running {c.group} {c.name}"
     if line.isdigit() and int(line) < len(items) and items[int(line)].nxn_probe:
-        return "while running the N x N probe (Nq = Nk = 512)"
+        return f"while running the N x N probe (Nq = Nk = {items[int(line)].q.shape[-2]})"
     return "before the first check" if not run.records else "after the last check it reported"
 
 

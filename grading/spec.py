@@ -31,7 +31,8 @@ RULES = {
     "no_reference": "must not call the course's reference (attnlib.reference_attention / reference_backward)",
     "compiled": "must run through torch.compile (Dynamo must compile at least one graph while attention runs)",
     "no_sdpa": "must not call F.scaled_dot_product_attention (forward or backward)",
-    "no_nxn": "must not build an Nq x Nk tensor (checked at Nq = Nk = 512, forward and backward)",
+    "no_nxn": "must not build an Nq x Nk tensor (checked at Nq = Nk = 512, forward and backward; and on a CPU "
+              "at Nq = Nk = 8192 under a memory cap an Nq x Nk matrix does not fit in)",
     "triton_fwd": "the forward must launch a Triton kernel",
     "triton_bwd": "the backward must launch a Triton kernel",
     "extension": "must call its compiled CUDA extension",
@@ -77,6 +78,16 @@ assert set(STEP_SPECS) == set(STEPS)
 RING_WORLD = 2                            # ranks of the ring groups (grading/worker.py starts them)
 NXN_PROBE = Case((1, 1), 512, 512, 32)    # larger than any sensible tile, so only a full matrix reaches Nq*Nk/2
 NXN_FRACTION = 0.5
+# The memory probe of no_nxn: the same call at a size where an Nq x Nk float32 matrix (256 MiB) does not fit
+# in what the worker may take on top of what it holds (its address-space cap lowered for the call, so the OS
+# refuses the allocation), while O(N) memory does: the right step 04 grows its address space by 1-55 MiB
+# here (strips of 8192 x 64, measured on the 2-core CI machine), 2 s for both calls on one core. Catches
+# what the largest tensor at 512 does not: N x N everywhere but at 512, or 255-row chunks kept alive
+# together by autograd (hostile/nxn_except_at_probe, hostile/nxn_chunks_kept: 9/10 with the 512 probe
+# alone). Steps whose forward runs on a CPU in PyTorch only (step 04): Triton's interpreter would take
+# minutes at this size, and a GPU worker's cap is not an address-space cap (grading/README.md).
+NXN_MEMORY_PROBE = Case((1, 1), 8192, 8192, 16)
+NXN_MEMORY_HEADROOM_MB = 128
 SPEED_CASE = Case((4, 16), 4096, 4096, 64)
 
 # Bad inputs for the contract group, made from a valid (q, k, v) of any shape: each must raise ValueError.
@@ -358,6 +369,11 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
             for causal in (False, True):
                 out.append(Item("attn", f"nxn/{causal}", q, k, v, causal, None, device, dout=dout,
                                 grads=True, nxn_probe=True))
+            if spec.runs_on == "cpu" and device == "cpu":
+                q, k, v, dout = _inputs(NXN_MEMORY_PROBE, 8, dtype)
+                for causal in (False, True):
+                    out.append(Item("attn", f"nxn_memory/{causal}", q, k, v, causal, None, device, dout=dout,
+                                    grads=True, nxn_probe=True, extra={"headroom_mb": NXN_MEMORY_HEADROOM_MB, "measure": False}))
     # The hidden groups' items go last: the worker gets items one at a time, so no call it runs
     # before them, and no record it writes before them, can hold anything of their inputs.
     hidden = {g.name for g in groups if g.hidden}

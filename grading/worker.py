@@ -288,11 +288,40 @@ def _forward_tiles(tiles) -> dict:
     return {"q": bq, "k": bk} if bq and bk else {}
 
 
+@contextlib.contextmanager
+def _memory_cap(headroom_mb):
+    """no_nxn's memory probe: for the call, the address-space cap is lowered to what the worker holds now
+    plus ``headroom_mb``, so the OS refuses an Nq x Nk matrix (the soft limit only: it is set back after)."""
+    if not headroom_mb:
+        yield
+        return
+    import gc
+    import resource
+    gc.collect()
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    held = int(Path("/proc/self/statm").read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    cap = held + int(headroom_mb) * 2 ** 20
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def run_attn(mod, it, g, root):
     rec = {"tensors": {}, "meta": {}}
+    with _memory_cap(it["extra"].get("headroom_mb")):
+        return _run_attn(mod, it, g, root, rec)
+
+
+def _run_attn(mod, it, g, root, rec):
     q, k, v = _leaves(it, it["grads"])
+    # The memory probe is measured by its cap alone: the op-by-op watch (the largest tensor) runs at 512.
+    probe = it["nxn_probe"] and it["extra"].get("measure", True)
     try:
-        with g.watch("fwd", it["nxn_probe"]), launched_tiles() as tiles:
+        with g.watch("fwd", probe), launched_tiles() as tiles:
             out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
     except BaseException as exc:  # noqa: BLE001 - a student's SystemExit is a failure too
         rec["error"] = _error("forward", exc, root)
@@ -306,7 +335,7 @@ def run_attn(mod, it, g, root):
     rec["meta"]["requires_grad"] = bool(out.requires_grad)
     if it["grads"] and out.requires_grad:
         try:
-            with g.watch("bwd", it["nxn_probe"]):
+            with g.watch("bwd", probe):
                 out.backward(it["dout"].to(out.device, out.dtype))
         except BaseException as exc:  # noqa: BLE001
             rec["error"] = _error("backward", exc, root)

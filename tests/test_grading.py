@@ -86,6 +86,12 @@ HOSTILE = {
     "sdpa_modes_off": ([4], {4: (0.0, "rule broken")},
                        ["F.scaled_dot_product_attention ran", "the grader blocks aten::scaled_dot_product_attention"], {}),
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
+    # Issue 14, hole 4: N x N everywhere but at the 512 probe, and 255-row chunks kept alive by autograd (9/10
+    # each with the largest tensor at 512 as the only measure): the memory probe at 8192 under a lowered cap.
+    "nxn_except_at_probe": ([4], {4: (0.0, "rule broken")}, ["at Nq = Nk = 8192 (full), run with 128 MiB",
+                                                             "you tried to allocate 268435456 bytes"], {}),
+    "nxn_chunks_kept": ([4], {4: (0.0, "rule broken")}, ["at Nq = Nk = 8192 (full), run with 128 MiB",
+                                                         "kept alive (by autograd?)"], {}),
     "syntax_error": ([1], {1: (0.0, "import error")}, ["SyntaxError"], {}),
     # Issue 14, hole 1: every input read from the task file at import, answered from an SDPA cache (10/10
     # before the inputs moved to a pipe); the same from the public seed, SDPA at import caught by the rule;
@@ -455,6 +461,21 @@ def test_items_on_a_gpu_machine():
     assert items == [] and len(skipped) == len(conf.steps[7].groups)
 
 
+def test_the_memory_probe_cap_refuses_an_nxn_matrix_and_is_lifted_after():
+    """no_nxn's memory probe: inside the cap an 8192 x 8192 float32 matrix (256 MiB) cannot be made, an
+    8192 x 64 strip can; afterwards the worker's own limit is back."""
+    import resource
+    from grading.spec import NXN_MEMORY_HEADROOM_MB
+    from grading.worker import _memory_cap
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with _memory_cap(NXN_MEMORY_HEADROOM_MB):
+        torch.ones(8192, 64)
+        with pytest.raises((RuntimeError, MemoryError)):
+            torch.ones(8192, 8192)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    torch.ones(8192, 8192)
+
+
 def test_hidden_items_go_last_and_draw_from_a_seed_the_worker_cannot_know(tmp_path):
     """The worker gets items in this order, one at a time: no visible call comes after a hidden input.
     A hidden group's seed comes from the hidden file's bytes, not from the public seed and its name."""
@@ -467,6 +488,7 @@ def test_hidden_items_go_last_and_draw_from_a_seed_the_worker_cannot_know(tmp_pa
                      'cases = [{ batch = [1, 1], nq = 20, nk = 70, d = 16 }]\n')
     items4, _ = build_items(4, cfg.load(TEST_CONFIG, step4).steps[4].groups, has_gpu=False)
     assert any(it.nxn_probe for it in items4)
+    assert {it.q.shape[-2] for it in items4 if it.extra.get("headroom_mb")} == {8192}    # the memory probe
     for its in (items, items4):
         order = [it.hidden for it in its]
         assert any(order) and order == sorted(order), (
