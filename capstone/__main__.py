@@ -172,6 +172,7 @@ def train(args, hook=None):
            "parallel": parallel, "dtype": args.dtype,
            "compile": args.compile, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "losses": losses,
+           "step_ms": [round(1000 * t, 3) for t in times],
            "tokens_per_s": round(tokens * len(steady) / sum(steady), 1), "ms_per_step": round(1000 * sum(steady) / len(steady), 3),
            "ms_per_step_median": round(1000 * sorted(steady)[len(steady) // 2], 3)}
     if rank == 0:
