@@ -70,8 +70,13 @@ def _progress(n, quiet):
         return None
 
 
-def _wrap(model, parallel, device):
-    """The model as ``parallel`` trains it: DDP, or FSDP2 on each block and then the root."""
+def _wrap(model, parallel, device, compile=False):
+    """The model as ``parallel`` trains it: DDP, or FSDP2 on each block and then the root.
+
+    FSDP2 with ``compile``: each block is compiled (fullgraph) before it is sharded, torchtitan's
+    order. Compiling the sharded root with fullgraph=True fails: Dynamo skips FSDP2's hooks
+    ("Attempted to call function marked as skipped", torch 2.13, CPU/gloo, 2026-11-30).
+    """
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -80,6 +85,8 @@ def _wrap(model, parallel, device):
     # is left (embeddings, the tied head, the final norm). Autocast works on the gathered fp32
     # parameters as it does without FSDP (no MixedPrecisionPolicy: the same numerics as DDP).
     for block in model.blocks:
+        if compile:
+            block.compile(fullgraph=True)
         fully_shard(block)
     return fully_shard(model)
 
@@ -125,10 +132,10 @@ def train(args, hook=None):
     probe = torch.empty(1, cfg.heads, cfg.context, h, device=device, dtype=amp or torch.float32)
     choice = dispatch.choose(probe, probe, probe, True, args.attn, args.code)
     if world > 1:
-        model = _wrap(model, parallel, device)
+        model = _wrap(model, parallel, device, compile=args.compile)
     # After the wrap: FSDP2 replaces the parameters by DTensors, and the optimizer must hold those.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    step_fn = torch.compile(model, fullgraph=True) if args.compile else model
+    step_fn = torch.compile(model, fullgraph=True) if args.compile and parallel != "fsdp" else model
 
     losses, times = [], []
     bar = _progress(args.steps, args.quiet or rank != 0)
