@@ -42,6 +42,10 @@ def main():
                 if time.monotonic() > t_end:
                     rows.append({"N": N, "window": w, "n_global": g, "status": "skipped: budget"})
                     continue
+                # A fresh compile per shape: past Dynamo's recompile limit (8) FlexAttention runs its
+                # eager path without a word, materializing N x N scores (the run of 2026-12-01: from
+                # the third shape on, 100-1000x slow, then out of memory at N = 32k).
+                torch._dynamo.reset()
                 torch.manual_seed(0)
                 q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                            for _ in range(3))

@@ -80,15 +80,21 @@ def _wrap(model, parallel, device, compile=False):
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    # The mesh on the training device, named: fully_shard's default mesh takes the machine's
+    # accelerator, so `--device cpu` on a GPU machine set CUDA device = local rank (two gloo ranks
+    # on an H200: "invalid device ordinal" on rank 1; gpu-check of 2026-12-01).
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # The blocks first, so each is its own all-gather / reduce-scatter group; the root then holds what
     # is left (embeddings, the tied head, the final norm). Autocast works on the gathered fp32
     # parameters as it does without FSDP (no MixedPrecisionPolicy: the same numerics as DDP).
     for block in model.blocks:
         if compile:
             block.compile(fullgraph=True)
-        fully_shard(block)
-    return fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def train(args, hook=None):
