@@ -8,6 +8,7 @@ reproducible and two runs with different attention see the same data.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -15,10 +16,18 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 
 
-def corpus() -> torch.Tensor:
+def source_bytes() -> bytes:
+    """The course's sources, joined: what ``corpus`` trains on unless ``CAPSTONE_CORPUS`` names a file."""
     files = sorted(p for d in ("", "notebooks", "attnlib", "solutions") for p in (REPO / d).glob("*")
                    if p.suffix in (".md", ".py") and p.is_file())
-    data = b"\n".join(p.read_bytes() for p in files)
+    return b"\n".join(p.read_bytes() for p in files)
+
+
+def corpus() -> torch.Tensor:
+    """The training text as int64 bytes. ``CAPSTONE_CORPUS=FILE`` pins it to that file's bytes: the sources
+    change with every edit, so runs that must see the same data (tests/test_capstone_dist.py) pin it."""
+    path = os.environ.get("CAPSTONE_CORPUS")
+    data = Path(path).read_bytes() if path else source_bytes()
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
 
