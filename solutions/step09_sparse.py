@@ -35,7 +35,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import configured, direct_launches, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, fwd_config, load_tile, store_tile
 from .step06_triton_bwd import bwd_config
@@ -335,6 +335,7 @@ def _sparse_dq_kernel(
 
 # %% Launchers: the dense steps' tile tables ----------------------------------------------------
 
+@direct_launches
 def forward(q, k, v, window, n_global, is_causal, scale):
     """``(O, LSE)``: O shaped like q, LSE ``(..., Nq)`` float32."""
     raise_if_stubbed(_sparse_fwd_kernel)
@@ -353,6 +354,7 @@ def forward(q, k, v, window, n_global, is_causal, scale):
     return o, lse
 
 
+@direct_launches
 def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale):
     """``(dQ, dK, dV)`` shaped like q, k, v."""
     raise_if_stubbed(_sparse_dkdv_kernel)

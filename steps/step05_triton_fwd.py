@@ -55,7 +55,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import configured, direct_launches, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step04_flash_torch import BLOCK_K, BLOCK_Q, backward_strips
 
@@ -411,6 +411,7 @@ def _dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"    # the latter is ignored for 16-bit inputs
 
 
+@direct_launches
 def forward(q, k, v, is_causal, scale, config=None):
     """Run the kernel: ``(O, LSE)`` with O shaped like q (contiguous) and LSE ``(..., Nq)`` float32.
 

@@ -74,7 +74,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import configured, direct_launches, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, load_tile
 from .step05_triton_fwd import forward as triton_forward
@@ -432,6 +432,7 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
 DQ_MODES = ("separate", "atomic", "fused")
 
 
+@direct_launches
 def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     """``(dQ, dK, dV)`` from the saved forward tensors and the upstream gradient ``do``.
 

@@ -34,7 +34,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import configured, direct_launches, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _fwd_inner, _pow2_dim, fwd_config, load_tile, store_tile
 from .step06_triton_bwd import _dkdv_inner, _dq_tile, bwd_config
@@ -180,6 +180,7 @@ def _varlen_dq_kernel(
 #
 # Tiles: the dense steps' tables, chosen for the longest sequence of the batch.
 
+@direct_launches
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale):
     """``(O, LSE)``: O shaped like q, LSE ``(H, total_q)`` float32."""
     raise_if_stubbed(_varlen_fwd_kernel)
@@ -199,6 +200,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     return o, lse
 
 
+@direct_launches
 def backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale):
     """``(dQ, dK, dV)`` shaped like q, k, v."""
     raise_if_stubbed(_varlen_dkdv_kernel)

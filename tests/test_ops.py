@@ -183,3 +183,54 @@ def test_opcheck_step09(load, dtype):
     _opcheck(step.fwd_op, (q, k, v, 9, 5, True, 0.25))
     o, lse = step.fwd_op(q.detach(), k.detach(), v.detach(), 9, 5, True, 0.25)
     _opcheck(step.bwd_op, (q.detach(), k.detach(), v.detach(), o, lse, make_dout(o), 9, 5, True, 0.25))
+
+
+
+def test_direct_launches_switches_wrap_triton_off_for_real_tensors_only():
+    """``direct_launches`` turns ``wrap_triton`` off for plain tensors and leaves it on for a tracer's."""
+    from torch._library.triton import is_wrap_triton_enabled
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from attnlib.ops import direct_launches
+
+    seen = []
+    launcher = direct_launches(lambda *ts, **kw: seen.append(is_wrap_triton_enabled()))
+    launcher(torch.zeros(2), torch.ones(2))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.zeros(2))
+        launcher(torch.zeros(2), fake)
+        launcher(torch.zeros(2), x=fake)
+    assert seen == [False, True, True], seen
+    assert is_wrap_triton_enabled(), "direct_launches left wrap_triton off after the call"
+
+
+@pytest.mark.step06
+@pytest.mark.skipif(not GPU, reason="under the interpreter wrap_triton returns the kernel itself: no HOP path to avoid")
+@pytest.mark.parametrize("how", ["autograd", "direct"])
+def test_eager_launches_skip_the_hop_path(load, how, monkeypatch):
+    """An eager call launches Triton directly, not through PyTorch's higher-order-operator path.
+
+    ``wrap_triton`` is on by default outside a ``triton_op``'s own call (the opaque backward, the
+    autograd thread, a launcher called directly): each launch then went through the HOP path, about
+    0.5 ms of host time per launch on an H200 host (results/h200/host/). Fails if a launcher loses
+    ``@direct_launches``: wrap_triton builds its traceable wrapper only when it is on.
+    """
+    from torch._higher_order_ops.triton_kernel_wrap import TraceableTritonKernelWrapper
+
+    made = []
+    real_init = TraceableTritonKernelWrapper.__init__
+
+    def spy(self, *args, **kwargs):
+        made.append(1)
+        real_init(self, *args, **kwargs)
+    monkeypatch.setattr(TraceableTritonKernelWrapper, "__init__", spy)
+    step = load(6)
+    q, k, v = make_qkv(1, 2, 256, 256, 64, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    if how == "autograd":
+        step.attention(q, k, v, True).backward(make_dout(q))
+    else:
+        o, lse = step.attention_with_lse(q.detach(), k.detach(), v.detach(), True)
+        step.backward(q.detach(), k.detach(), v.detach(), o, lse, make_dout(o), True, 0.125)
+    torch.cuda.synchronize()
+    assert not made, (f"{len(made)} launches went through PyTorch's higher-order-operator path (wrap_triton "
+                      "enabled): decorate the launcher with attnlib.ops.direct_launches")

@@ -1,0 +1,134 @@
+"""Experiment: how much of a call to step 06 / step 09 is the host's (Python, the operator, Triton's launcher)?
+
+Question. On the H200, step 09's forward took the same 0.16 ms at N = 8k and 16k (window 256), and its
+forward + backward about 1.3 ms more than its tiles explain (results/h200/sparse/README.md); the capstone
+GPT with step 06 is host-bound at context 1k-4k (results/h200/capstone/README.md). Is that time the
+host's, and where does it go?
+
+Method. For each implementation and shape: (1) the GPU's time, do_bench's median (events around each
+call, as the benches time it; where the host is slower than the GPU this is the host's time too);
+(2) the host's time per call, with no synchronisation inside the loop (``perf_counter`` over
+``--calls`` calls, then one synchronize: the launch path alone when the GPU keeps up); (3) the GPU
+kernels of one call from torch.profiler (the sum of their device times); (4) cProfile of the host path
+over ``--calls`` calls at the smallest shape, the top functions by own time, into ``cprofile_*.txt``.
+
+    python bench/experiments/host_overhead.py --out DIR          # a GPU, about 1 minute
+
+Answer: see results/h200/host/README.md (filled from this file's JSON after a run).
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _impls():
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from solutions import step06_triton_bwd as s6
+    from solutions import step09_sparse as s9
+
+    def sdpa(backend):
+        def f(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return f
+
+    impls = {
+        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "step06": lambda q, k, v, causal: s6.attention(q, k, v, causal),
+        "step06.apply": lambda q, k, v, causal: s6.FlashAttentionTriton.apply(q, k, v, causal),
+        "step09-w256": lambda q, k, v, causal: s9.attention_sparse(q, k, v, 256, 0, causal),
+        "step09-w256-g64": lambda q, k, v, causal: s9.attention_sparse(q, k, v, 256, 64, causal),
+    }
+    return impls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--calls", type=int, default=200)
+    args = ap.parse_args()
+    import torch
+    import triton
+    from torch.profiler import ProfilerActivity, profile
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    impls = _impls()
+    shapes = [(1, 8, 256, 64), (4, 8, 4096, 64), (1, 16, 8192, 64), (1, 16, 16384, 64)]
+    rows = []
+    for shape in shapes:
+        B, H, N, D = shape
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        do = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        for name, f in impls.items():
+            if name.startswith("step09") and N < 1024:
+                continue
+            for mode in ("fwd", "fwd+bwd"):
+                def call(f=f, mode=mode):
+                    if mode == "fwd":
+                        with torch.no_grad():
+                            f(q, k, v, True)
+                    else:
+                        o = f(q, k, v, True)
+                        o.backward(do)
+                row = {"impl": name, "shape": list(shape), "mode": mode}
+                try:
+                    for _ in range(3):
+                        call()
+                    torch.cuda.synchronize()
+                    row["do_bench_ms"] = float(triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median",
+                                                                       grad_to_none=[q, k, v]))
+                    n = args.calls if N <= 4096 else 20
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        call()
+                    t1 = time.perf_counter()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+                    row["host_ms_per_call"] = (t1 - t0) / n * 1e3
+                    row["wall_ms_per_call"] = (t2 - t0) / n * 1e3
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        call()
+                        torch.cuda.synchronize()
+                    kern = [(e.key, e.device_time_total / e.count / 1e3, e.count)
+                            for e in prof.key_averages() if e.device_time_total > 0]
+                    row["kernels"] = [{"name": k_[:90], "ms": round(ms, 4), "count": c} for k_, ms, c in kern]
+                    row["kernel_ms_sum"] = round(sum(ms * c for _, ms, c in kern), 4)
+                    if shape == shapes[0] or (name.startswith("step09") and shape == shapes[2]):
+                        pr = cProfile.Profile()
+                        pr.enable()
+                        for _ in range(50):
+                            call()
+                        pr.disable()
+                        torch.cuda.synchronize()
+                        s = io.StringIO()
+                        st = pstats.Stats(pr, stream=s)
+                        st.sort_stats("tottime").print_stats(30)
+                        st.sort_stats("cumulative").print_stats(40)
+                        (out / f"cprofile_{name}_{mode.replace('+', '-')}_{N}.txt").write_text(s.getvalue())
+                    q.grad = k.grad = v.grad = None
+                except Exception as e:          # record and go on
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(json.dumps({k_: v_ for k_, v_ in row.items() if k_ != "kernels"}), flush=True)
+                rows.append(row)
+                (out / "host_overhead.json").write_text(json.dumps(
+                    {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                     "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
