@@ -23,6 +23,7 @@ cross-checks and what it cannot.
 from __future__ import annotations
 
 import contextlib
+import math
 import faulthandler
 import io
 import os
@@ -74,6 +75,8 @@ class Guards:
         self.max_desc = ""
         self.nxn_limit = None
         self.sdpa_blocked = False                 # no_sdpa enforced at the dispatcher (counted there)
+        self.score_numel = 0                      # compiled: batch * Nq * Nk of the attention call being watched
+        self.eager_desc = ""                      # compiled: the first attention-sized op run eagerly
 
     # -- installation -------------------------------------------------------
     def install(self):
@@ -206,9 +209,19 @@ class Guards:
             # aten level: an SDPA kernel called through torch.ops, a custom op, the largest tensor made
             modes.append(_OpDispatchMode(self, nxn=nxn_probe and "no_nxn" in self.rules))
         graphs = self._dynamo_graphs() if "compiled" in self.rules else 0
+        # ``compiled`` also looks at what ran in the forward of an attention call: the profiler (not a
+        # dispatch mode, which Dynamo would trace through) records every aten op with its input shapes
+        # and its enclosing ranges, so an op as large as the score matrix that ran outside the code
+        # Inductor generated ("## Call CompiledFxGraph ##") and outside Dynamo's own tracing ("(dynamo_timed)")
+        # is the attention run eagerly -- a decoy compiled inside attention (hostile/compile_decoy_inside).
+        prof = None
+        if "compiled" in self.rules and phase == "fwd" and self.score_numel:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
         self.phase = phase
         try:
             with contextlib.ExitStack() as stack:
+                if prof is not None:
+                    stack.enter_context(prof)
                 for m in modes:
                     stack.enter_context(m)
                 yield
@@ -218,6 +231,36 @@ class Guards:
                 # ``compiled`` counts the graphs Dynamo compiles *during* a graded call: a decoy compiled at
                 # import (hostile/compile_decoy) leaves the calls' count at 0.
                 self.counts["dynamo_graphs_call"] += max(0, self._dynamo_graphs() - graphs)
+                if prof is not None:
+                    self._count_eager(prof)
+
+    # Ops that make no new values (views, allocation, conjugation flags): never the attention's work.
+    _NOT_COMPUTE = {"aten::" + n for n in (
+        "view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "as_strided", "transpose", "t", "permute",
+        "unsqueeze", "squeeze", "contiguous", "detach", "alias", "resolve_conj", "resolve_neg", "empty",
+        "empty_strided", "empty_like", "lift_fresh", "select", "slice", "split", "chunk", "unbind")}
+
+    def _count_eager(self, prof):
+        try:
+            events = prof.events()
+        except Exception:  # noqa: BLE001 - no events: nothing to count (the graph count still decides)
+            return
+        for e in events:
+            if not e.name.startswith("aten::") or e.name in self._NOT_COMPUTE:
+                continue
+            shapes = [s for s in (e.input_shapes or []) if isinstance(s, (list, tuple)) and s]
+            if not shapes or max(math.prod(s) for s in shapes) < self.score_numel:
+                continue
+            p, inside = e.cpu_parent, False
+            while p is not None:
+                if "CompiledFxGraph" in p.name or "(dynamo_timed)" in p.name:
+                    inside = True
+                    break
+                p = p.cpu_parent
+            if not inside:
+                self.counts["eager_attention_ops"] += 1
+                if not self.eager_desc:
+                    self.eager_desc = f"{e.name} on {list(max(shapes, key=math.prod))}"[:120]
 
     @staticmethod
     def _dynamo_graphs() -> int:
@@ -229,6 +272,8 @@ class Guards:
         if "compiled" in self.rules:
             from torch._dynamo.utils import counters
             d["dynamo_graphs"] = int(counters["stats"].get("unique_graphs", 0))
+        if self.eager_desc:
+            d["eager_desc"] = self.eager_desc
         if self.max_desc:
             d["max_numel"] = int(self.max_numel)
             d["max_desc"] = self.max_desc
@@ -320,12 +365,15 @@ def _run_attn(mod, it, g, root, rec):
     q, k, v = _leaves(it, it["grads"])
     # The memory probe is measured by its cap alone: the op-by-op watch (the largest tensor) runs at 512.
     probe = it["nxn_probe"] and it["extra"].get("measure", True)
+    g.score_numel = math.prod(q.shape[:-1]) * k.shape[-2]       # batch * Nq * Nk (rule compiled)
     try:
         with g.watch("fwd", probe), launched_tiles() as tiles:
             out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
     except BaseException as exc:  # noqa: BLE001 - a student's SystemExit is a failure too
         rec["error"] = _error("forward", exc, root)
         return rec
+    finally:
+        g.score_numel = 0
     rec["meta"]["tiles"] = _forward_tiles(tiles)
     rec["meta"]["o_type"] = type(out).__name__
     if not isinstance(out, torch.Tensor):

@@ -86,6 +86,11 @@ HOSTILE = {
     "sdpa_modes_off": ([4], {4: (0.0, "rule broken")},
                        ["F.scaled_dot_product_attention ran", "the grader blocks aten::scaled_dot_product_attention"], {}),
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
+    # Issue 14, hole 3 (rest): a decoy compiled inside attention on every call, attention run eagerly (6/6 when
+    # the rule counted only the graphs compiled during the calls): the profiler sees score-sized ops outside
+    # Inductor's code.
+    "compile_decoy_inside": ([2], {2: (0.0, "rule broken")},
+                             ["the attention itself ran eagerly in 6 call(s)", "outside the code Inductor generated"], {}),
     # Issue 14, hole 4: N x N everywhere but at the 512 probe, and 255-row chunks kept alive by autograd (9/10
     # each with the largest tensor at 512 as the only measure): the memory probe at 8192 under a lowered cap.
     "nxn_except_at_probe": ([4], {4: (0.0, "rule broken")}, ["at Nq = Nk = 8192 (full), run with 128 MiB",
