@@ -29,7 +29,8 @@ from .config import Group
 
 RULES = {
     "no_reference": "must not call the course's reference (attnlib.reference_attention / reference_backward)",
-    "compiled": "must run through torch.compile (Dynamo must compile at least one graph while attention runs)",
+    "compiled": "must run through torch.compile (Dynamo must compile at least one graph while attention runs, and "
+                "the attention itself must run in the code Inductor generated, not eagerly beside it)",
     "no_sdpa": "must not call F.scaled_dot_product_attention (forward or backward)",
     "no_nxn": "must not build an Nq x Nk tensor (checked at Nq = Nk = 512, forward and backward; and on a CPU "
               "at Nq = Nk = 8192 under a memory cap an Nq x Nk matrix does not fit in)",

@@ -466,6 +466,56 @@ def test_items_on_a_gpu_machine():
     assert items == [] and len(skipped) == len(conf.steps[7].groups)
 
 
+def _large_score_record(attention, causal):
+    """An attn item at q x 100 (as spec.build_items makes it) and the record of ``attention`` on it."""
+    from attnlib.inputs import make_dout, make_qkv
+    from grading.spec import Item
+    q, k, v = make_qkv(Nq=17, Nk=40, D=32, batch_shape=(1, 2), seed=2)
+    it = Item("attn", "t", q * 100, k, v, causal, None, "cpu", dout=make_dout(q, seed=3), grads=True)
+    it.expect["q_factor"] = 100.0
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (it.q, k, v))
+    o = attention(qq, kk, vv, is_causal=causal)
+    o.backward(it.dout)
+    rec = {"tensors": {"o": o.detach(), "dq": qq.grad, "dk": kk.grad, "dv": vv.grad},
+           "meta": {"o_device": "cpu", "requires_grad": True}}
+    return it, rec
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_large_score_backward_allowance_passes_the_right_step_and_nothing_much_worse(causal):
+    """The backward at q x 100: the base tolerance plus LARGE_SCORE_DRIFT_MULTIPLE x the drift of honest fp32
+    computations. solutions/step04 passes (17 x 40 causal, seed 2: 83% of its dQ is past the base tolerance
+    alone); its dQ moved by 2 x the allowance fails; a backward rebuilding P unshifted (NaN) fails, and the
+    report says what the allowance was and what to check."""
+    from attnlib.loader import load_step
+    from grading.evaluate import Evaluator, Fail
+    from grading.spec import LARGE_SCORE_DRIFT_MULTIPLE, Check
+    step04 = load_step(4, REPO / "solutions")
+    c = Check("backward", "grads", "t")
+    it, rec = _large_score_record(step04.attention, causal)
+    ev = Evaluator()
+    ev.check_grads(c, it, rec)
+    if causal:     # the case the base tolerance alone fails: the allowance is what lets it pass
+        from attnlib.compare import CompareError, assert_close
+        with pytest.raises(CompareError):
+            assert_close(rec["tensors"]["dq"], ev._grads(it)[0], name="dQ")
+    drift = ev._drift(it, 32 ** -0.5)[0]
+    worse = dict(rec, tensors=dict(rec["tensors"]))
+    worse["tensors"]["dq"] = rec["tensors"]["dq"] + 2 * LARGE_SCORE_DRIFT_MULTIPLE * drift + 1e-4 * ev._grads(it)[0].abs().max().float()
+    with pytest.raises(Fail, match="past even that"):
+        ev.check_grads(c, it, worse)
+
+    def unshifted(q, k, v, is_causal=False):
+        s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        if is_causal:
+            s = s.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).triu(1), float("-inf"))
+        p = torch.exp(s)
+        return (p / p.sum(-1, keepdim=True)) @ v
+    it, rec = _large_score_record(unshifted, causal)
+    with pytest.raises(Fail, match=r"(?s)NaN.*allows 4 x that.*never exp\(S\) alone"):
+        Evaluator().check_grads(c, it, rec)
+
+
 def test_the_memory_probe_cap_refuses_an_nxn_matrix_and_is_lifted_after():
     """no_nxn's memory probe: inside the cap an 8192 x 8192 float32 matrix (256 MiB) cannot be made, an
     8192 x 64 strip can; afterwards the worker's own limit is back."""
