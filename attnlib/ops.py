@@ -25,6 +25,8 @@ compiler treats it as one node it knows how to handle, and the eager call is unc
   called directly, any autograd thread) ``wrap_triton`` is on by default and each launch goes through
   PyTorch's higher-order-operator path: about 0.5 ms of host time per launch on an H200 host, where
   step 06's whole backward runs in 0.03 ms at small shapes (results/h200/host/).
+- ``eager_fast``: an operator's Python function called directly in eager mode (no dispatcher), the
+  operator itself whenever a compiler traces the call: what the Functions call.
 - ``op_namespace``: one operator namespace per implementation folder, so steps/,
   solutions/ and a submission can be loaded in one process.
 """
@@ -132,6 +134,26 @@ def direct_launches(fn):
         with set_wrap_triton_enabled(False):
             return fn(*args, **kwargs)
     return launcher
+
+
+def eager_fast(op, fn):
+    """``op`` where a compiler traces the call; ``fn`` (the function ``op`` was registered from) in eager mode.
+
+    Inside an ``autograd.Function`` the operator's layers (dispatcher, autograd key, the custom op's
+    checks) do nothing an eager call needs and cost 25-40 us of host time per call on an H200 host
+    (results/h200/host/): a small model's training step is bound by that host time. Under
+    ``torch.compile`` (Dynamo traces, or AOTAutograd passes FakeTensors) the operator is called, so
+    the compiled graph holds it as one node; with grad mode on the operator is called too (its autograd
+    formula, or its error when it has none, stays the operator's). ``.op`` is the operator.
+    """
+    def call(*args):
+        if (torch.compiler.is_compiling() or torch.is_grad_enabled()
+                or any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)):
+            return op(*args)
+        return fn(*args)
+    call.op = op
+    call.__name__ = call.__qualname__ = f"eager_fast({getattr(fn, '__name__', 'fn')})"
+    return call
 
 
 _CONFIGURED: dict = {}

@@ -53,7 +53,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, direct_launches, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step04_flash_torch import BLOCK_K, BLOCK_Q, backward_strips
 
@@ -503,6 +503,7 @@ def _backward(ctx, do, _dlse=None):
 
 fwd_op = kernel_op(f"{op_namespace(__name__)}::step05_fwd", _fwd_impl, fake=_fwd_fake,
                    backward=_backward, setup_context=_setup_context)
+run_fwd = eager_fast(fwd_op, _fwd_impl)      # the operator when compiled, its launcher in eager mode (attnlib/ops.py)
 
 
 class FlashAttentionTritonFwd(torch.autograd.Function):
@@ -515,7 +516,7 @@ class FlashAttentionTritonFwd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, scale=None):
         scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 FlashAttentionTritonFwd")
-        o, lse = fwd_op(q, k, v, is_causal, scale)
+        o, lse = run_fwd(q, k, v, is_causal, scale)
         _setup_context(ctx, (q, k, v, is_causal, scale), (o, lse))
         return o
 

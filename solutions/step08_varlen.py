@@ -32,7 +32,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, direct_launches, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _fwd_inner, _pow2_dim, fwd_config, load_tile, store_tile
 from .step06_triton_bwd import _dkdv_inner, _dq_tile, bwd_config
@@ -341,6 +341,7 @@ def _bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
 
 NAMESPACE = op_namespace(__name__)
 bwd_op = kernel_op(f"{NAMESPACE}::step08_bwd", _bwd_impl, fake=_bwd_fake, opaque=True)   # maxnreg: ops.py
+run_bwd = eager_fast(bwd_op, _bwd_impl)      # the operator when compiled, its launchers in eager mode (attnlib/ops.py)
 
 
 def _setup_context(ctx, inputs, output):
@@ -351,12 +352,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, _dlse=None):
     q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = bwd_op(q, k, v, o, lse, do, cu_q, cu_k, *ctx.args)
+    dq, dk, dv = run_bwd(q, k, v, o, lse, do, cu_q, cu_k, *ctx.args)
     return dq, dk, dv, None, None, None, None, None, None
 
 
 fwd_op = kernel_op(f"{NAMESPACE}::step08_fwd", _fwd_impl, fake=_fwd_fake,
                    backward=_backward, setup_context=_setup_context)
+run_fwd = eager_fast(fwd_op, _fwd_impl)
 
 
 class FlashAttentionVarlen(torch.autograd.Function):
@@ -369,7 +371,7 @@ class FlashAttentionVarlen(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, scale=None):
         scale = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale)
         args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), is_causal, scale)
-        o, lse = fwd_op(*args)
+        o, lse = run_fwd(*args)
         _setup_context(ctx, args, (o, lse))
         return o
 

@@ -35,7 +35,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, direct_launches, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, fwd_config, load_tile, store_tile
 from .step06_triton_bwd import bwd_config
@@ -429,6 +429,7 @@ def _bwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
 
 NAMESPACE = op_namespace(__name__)
 bwd_op = kernel_op(f"{NAMESPACE}::step09_bwd", _bwd_impl, fake=_bwd_fake, opaque=True)   # maxnreg: ops.py
+run_bwd = eager_fast(bwd_op, _bwd_impl)      # the operator when compiled, its launchers in eager mode (attnlib/ops.py)
 
 
 def _setup_context(ctx, inputs, output):
@@ -439,12 +440,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, _dlse=None):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = bwd_op(q, k, v, o, lse, do, *ctx.args)
+    dq, dk, dv = run_bwd(q, k, v, o, lse, do, *ctx.args)
     return dq, dk, dv, None, None, None, None
 
 
 fwd_op = kernel_op(f"{NAMESPACE}::step09_fwd", _fwd_impl, fake=_fwd_fake,
                    backward=_backward, setup_context=_setup_context)
+run_fwd = eager_fast(fwd_op, _fwd_impl)
 
 
 class FlashAttentionSparse(torch.autograd.Function):
@@ -454,7 +456,7 @@ class FlashAttentionSparse(torch.autograd.Function):
     def forward(ctx, q, k, v, window, n_global, is_causal=False, scale=None):
         scale = check_sparse(q, k, v, window, n_global, is_causal, scale, where="step09 FlashAttentionSparse")
         args = (q, k, v, int(window), int(n_global), is_causal, scale)
-        o, lse = fwd_op(*args)
+        o, lse = run_fwd(*args)
         _setup_context(ctx, args, (o, lse))
         return o
 

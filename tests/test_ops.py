@@ -204,6 +204,26 @@ def test_direct_launches_switches_wrap_triton_off_for_real_tensors_only():
     assert is_wrap_triton_enabled(), "direct_launches left wrap_triton off after the call"
 
 
+
+def test_eager_fast_calls_the_function_eagerly_and_the_operator_when_traced():
+    """``eager_fast``: the function in eager mode with grad off and plain tensors; the operator otherwise."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from attnlib.ops import eager_fast
+
+    calls = []
+    run = eager_fast(lambda x: calls.append("op") or x, lambda x: calls.append("fn") or x)
+    x = torch.zeros(2)
+    with torch.no_grad():
+        run(x)                                   # eager, as inside an autograd.Function: the function
+        with FakeTensorMode() as mode:
+            run(mode.from_tensor(x))             # AOTAutograd's FakeTensors: the operator
+    run(x)                                       # grad mode on: the operator (its autograd formula)
+    with torch.no_grad():                        # Dynamo traces (grad off, as in a Function): the operator
+        torch.compile(lambda t: run(t) + 1, backend="eager", fullgraph=True)(x)
+    assert calls == ["fn", "op", "op", "op"], calls
+
+
 @pytest.mark.step06
 @pytest.mark.skipif(not GPU, reason="under the interpreter wrap_triton returns the kernel itself: no HOP path to avoid")
 @pytest.mark.parametrize("how", ["autograd", "direct"])

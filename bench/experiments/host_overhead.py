@@ -59,7 +59,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--layers", action="store_true", help="only the layers of one step 06 call, small shape")
     args = ap.parse_args()
+    if args.layers:
+        return layers(Path(args.out), args.calls)
     import torch
     import triton
     from torch.profiler import ProfilerActivity, profile
@@ -128,6 +131,58 @@ def main():
                 (out / "host_overhead.json").write_text(json.dumps(
                     {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                      "rows": rows}, indent=1))
+
+
+def layers(out, calls):
+    """Host time per call of each layer of step 06's call, and cProfile of each (main thread)."""
+    import torch
+    from solutions import step06_triton_bwd as s6
+
+    out.mkdir(parents=True, exist_ok=True)
+    q, k, v = (torch.randn(1, 8, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    do = torch.randn_like(q)
+    scale = 0.125
+    o, lse = s6.attention_with_lse(qd, kd, vd, True)
+
+    def full(threads=True):
+        def f():
+            with torch.autograd.set_multithreading_enabled(threads):
+                torch.autograd.grad(s6.attention(q, k, v, True), (q, k, v), do)
+        return f
+    steps = {
+        "fwd: step05 forward() direct": lambda: s6.triton_forward(qd, kd, vd, True, scale),
+        "fwd: fwd_op": lambda: s6.fwd_op(qd, kd, vd, True, scale),
+        "fwd: attention (grad)": lambda: s6.attention(q, k, v, True),
+        "bwd: backward() direct": lambda: s6.backward(qd, kd, vd, o, lse, do, True, scale),
+        "bwd: bwd_op": lambda: s6.bwd_op(qd, kd, vd, o, lse, do, True, scale, None),
+        "fwd+bwd: autograd.grad": full(True),
+        "fwd+bwd: autograd.grad, no autograd thread": full(False),
+    }
+    rows = {}
+    for i, (name, f) in enumerate(steps.items()):
+        for _ in range(5):
+            f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        rows[name] = round((t1 - t0) / calls * 1e3, 4)
+        print(f"{name:45s} host {rows[name]:.4f} ms/call", flush=True)
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(50):
+            f()
+        pr.disable()
+        s = io.StringIO()
+        st = pstats.Stats(pr, stream=s)
+        st.sort_stats("tottime").print_stats(25)
+        st.sort_stats("cumulative").print_stats(40)
+        (out / f"layer{i}.txt").write_text(name + "\n" + s.getvalue())
+    (out / "layers.json").write_text(json.dumps({"host_ms_per_call": rows, "gpu": torch.cuda.get_device_name(),
+                                                 "torch": torch.__version__}, indent=1))
 
 
 if __name__ == "__main__":
