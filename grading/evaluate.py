@@ -582,6 +582,10 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
                                          "import or before)" if ever else "")
                                       + ": compiled_naive() must return torch.compile(naive_attention, ...) and "
                                       "attention must call it"))
+            elif files == 0:     # the grader's own look: Inductor writes the code it generates to the cache
+                out.append(RuleResult(rule, False, f"the worker reports {n} compiled graph(s), but Inductor generated "
+                                      "no code (compile caches are empty): torch.compile with the default "
+                                      "backend (Inductor) is the point of this step"))
             elif total("eager_attention_ops"):
                 # Graphs were compiled, but the attention's own work ran outside them: a decoy compiled inside
                 # attention (hostile/compile_decoy_inside), or a graph break / a fallback to eager around the softmax.
@@ -594,10 +598,6 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
                                       "else does not count: attention must return compiled_naive()(q, k, v, ...), "
                                       "torch.compile(naive_attention, ...) with no graph break in it (a print, "
                                       ".item(), a call Dynamo skips) and no torch._dynamo.disable around it"))
-            elif files == 0:     # the grader's own look: Inductor writes the code it generates to the cache
-                out.append(RuleResult(rule, False, f"the worker reports {n} compiled graph(s), but Inductor generated "
-                                      "no code (compile caches are empty): torch.compile with the default "
-                                      "backend (Inductor) is the point of this step"))
             else:
                 out.append(RuleResult(rule, True))
         elif rule == "no_sdpa":
