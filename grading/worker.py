@@ -240,13 +240,18 @@ class Guards:
         "unsqueeze", "squeeze", "contiguous", "detach", "alias", "resolve_conj", "resolve_neg", "empty",
         "empty_strided", "empty_like", "lift_fresh", "select", "slice", "split", "chunk", "unbind")}
 
+    # Matrix products: Inductor calls them as extern kernels (aten::bmm inside its graph), so they are never
+    # counted, should the graph's range be named otherwise in another PyTorch; the softmax, the scale and the
+    # mask around them are what Inductor always fuses into its own kernels.
+    _MATMUL = {"aten::" + n for n in ("mm", "bmm", "matmul", "baddbmm", "addmm", "addbmm", "_unsafe_view")}
+
     def _count_eager(self, prof):
         try:
             events = prof.events()
         except Exception:  # noqa: BLE001 - no events: nothing to count (the graph count still decides)
             return
         for e in events:
-            if not e.name.startswith("aten::") or e.name in self._NOT_COMPUTE:
+            if not e.name.startswith("aten::") or e.name in self._NOT_COMPUTE or e.name in self._MATMUL:
                 continue
             shapes = [s for s in (e.input_shapes or []) if isinstance(s, (list, tuple)) and s]
             if not shapes or max(math.prod(s) for s in shapes) < self.score_numel:
