@@ -23,7 +23,7 @@ compiler treats it as one node it knows how to handle, and the eager call is unc
 - ``direct_launches``: a launcher's ``wrap_triton(k)[grid](...)`` calls go straight to Triton when
   its tensors are real ones. Outside a ``triton_op``'s own eager call (an opaque operator, a launcher
   called directly, any autograd thread) ``wrap_triton`` is on by default and each launch goes through
-  PyTorch's higher-order-operator path: about 0.5 ms of host time per launch on an H200 host, where
+  PyTorch's higher-order-operator path: about 0.25 ms of host time per launch on an H200 host, where
   step 06's whole backward runs in 0.03 ms at small shapes (results/h200/host/).
 - ``eager_fast``: an operator's Python function called directly in eager mode (no dispatcher), the
   operator itself whenever a compiler traces the call: what the Functions call.

@@ -379,6 +379,48 @@ block(x_ref, lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causa
 print("compiled block with step 06 vs SDPA: max |dx| difference", f"{(x.grad - x_ref.grad).abs().max().item():.2e}")
 
 # %% [markdown]
+# ## 10. What an eager call costs the host
+#
+# A kernel time says nothing about the time a call takes when the host is slower than the GPU: the
+# GPU waits for the next launch, and a timer around the call (`do_bench` included) measures the host.
+# Small models and short sequences live there. Measured on the H200 machine
+# (`bench/experiments/host_overhead.py`, `results/h200/host/README.md`), step 06's forward + backward at
+# B=1, H=8, N=256 took **1.75 ms of host time for 0.03 ms of kernels**, and a training step of the
+# capstone GPT at context 4k ran at 0.91x SDPA-FLASH's tokens/s although its attention kernels were faster.
+# Two causes, each found by timing one layer of the call at a time:
+#
+# - `wrap_triton(kernel)[grid](...)` is what lets `torch.compile` see a kernel, and in eager mode
+#   `triton_op` switches it off for its own calls. Outside them (the opaque backward operator, a
+#   launcher called directly, the autograd thread) it stayed on, and each launch went through
+#   PyTorch's higher-order-operator dispatch: about 0.25 ms of host time a launch. The launchers now
+#   carry `@direct_launches` (`attnlib/ops.py`): real tensors launch at once, a tracer's fake tensors
+#   still take the traced path.
+# - The operator's own layers (dispatcher, autograd key, the custom op's output checks) cost 25-40 us a
+#   call, and inside an `autograd.Function` an eager call needs none of them. The Functions call
+#   `run_fwd` / `run_bwd` (`eager_fast`): the operator whenever Dynamo or AOTAutograd traces, its
+#   Python function otherwise.
+#
+# The host time per forward + backward, before each change and after (ms), with the kernels' time:
+
+# %%
+host_runs = {c: RESULTS / "host" / f"host_overhead_{c}.json" for c in ("6b1bf5e", "8e14917", "6607034")}
+if all(p.exists() for p in host_runs.values()):
+    rows = {c: {(r["impl"], tuple(r["shape"]), r["mode"]): r for r in json.loads(p.read_text())["rows"]}
+            for c, p in host_runs.items()}
+    print(f"{'':12s} {'B x H x N x D':>16s}  {'before':>7s} {'direct':>7s} {'eager':>7s}  {'kernels':>8s}")
+    for key, r in rows["6b1bf5e"].items():
+        if key[2] == "fwd+bwd" and key[0] in ("sdpa-flash", "step06", "step09-w256"):
+            hosts = [rows[c].get(key, {}).get("host_ms_per_call", float("nan")) for c in host_runs]
+            print(f"{key[0]:12s} {'x'.join(map(str, key[1])):>16s}  " + " ".join(f"{h:7.2f}" for h in hosts)
+                  + f"  {rows['6607034'][key]['kernel_ms_sum']:8.3f}")
+
+# %% [markdown]
+# The capstone GPT at context 4k went from 0.91x to 1.06x SDPA-FLASH's tokens/s. What is left is
+# about 0.5 ms a call inside the autograd engine, where the same `backward()` runs about twice as
+# slowly as called directly; SDPA's whole forward + backward costs the host 0.26 ms. Whole-model
+# `torch.compile` removes the host's share altogether: 1.29x at 4k.
+
+# %% [markdown]
 # ## References
 #
 # - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact

@@ -232,7 +232,7 @@ def test_eager_launches_skip_the_hop_path(load, how, monkeypatch):
 
     ``wrap_triton`` is on by default outside a ``triton_op``'s own call (the opaque backward, the
     autograd thread, a launcher called directly): each launch then went through the HOP path, about
-    0.5 ms of host time per launch on an H200 host (results/h200/host/). Fails if a launcher loses
+    0.25 ms of host time per launch on an H200 host (results/h200/host/). Fails if a launcher loses
     ``@direct_launches``: wrap_triton builds its traceable wrapper only when it is on.
     """
     from torch._higher_order_ops.triton_kernel_wrap import TraceableTritonKernelWrapper
