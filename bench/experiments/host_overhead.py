@@ -60,9 +60,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--layers", action="store_true", help="only the layers of one step 06 call, small shape")
+    ap.add_argument("--engine", action="store_true", help="only the autograd engine variants, small shape")
     args = ap.parse_args()
     if args.layers:
         return layers(Path(args.out), args.calls)
+    if args.engine:
+        return engine(Path(args.out), args.calls)
     import torch
     import triton
     from torch.profiler import ProfilerActivity, profile
@@ -183,6 +186,106 @@ def layers(out, calls):
         (out / f"layer{i}.txt").write_text(name + "\n" + s.getvalue())
     (out / "layers.json").write_text(json.dumps({"host_ms_per_call": rows, "gpu": torch.cuda.get_device_name(),
                                                  "torch": torch.__version__}, indent=1))
+
+
+def engine(out, calls):
+    """Where the autograd engine's share of a step 06 call goes: Python Functions that keep one part each."""
+    import torch
+    import torch.nn.functional as F
+    from solutions import step06_triton_bwd as s6
+
+    out.mkdir(parents=True, exist_ok=True)
+    shape = (1, 8, 256, 64)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    do = torch.randn_like(q)
+    o0, lse0 = s6.triton_forward(qd, kd, vd, True, 0.125)
+
+    class NoKernels(torch.autograd.Function):          # the Function machinery alone
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return q.new_empty(q.shape)
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v = ctx.saved_tensors
+            return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    class TritonFwdOnly(torch.autograd.Function):       # step 05's launcher in the forward, nothing in the backward
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = s6.triton_forward(q, k, v, True, 0.125)
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v, o, lse = ctx.saved_tensors
+            return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+    class TritonBwdOnly(torch.autograd.Function):       # step 06's launchers in the backward, saved O and LSE
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return q.new_empty(q.shape)
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v = ctx.saved_tensors
+            return s6.backward(q, k, v, o0, lse0, g, True, 0.125)
+
+    class Both(torch.autograd.Function):                # both launchers, no operator, no checks
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = s6.triton_forward(q, k, v, True, 0.125)
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v, o, lse = ctx.saved_tensors
+            return s6.backward(q, k, v, o, lse, g, True, 0.125)
+
+    def grad_of(fn):
+        return lambda: torch.autograd.grad(fn(), (q, k, v), do)
+
+    variants = {
+        "sdpa-flash autograd.grad": grad_of(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        "NoKernels autograd.grad": grad_of(lambda: NoKernels.apply(q, k, v)),
+        "TritonFwdOnly autograd.grad": grad_of(lambda: TritonFwdOnly.apply(q, k, v)),
+        "TritonBwdOnly autograd.grad": grad_of(lambda: TritonBwdOnly.apply(q, k, v)),
+        "Both autograd.grad": grad_of(lambda: Both.apply(q, k, v)),
+        "step06 attention autograd.grad": grad_of(lambda: s6.attention(q, k, v, True)),
+        "direct: forward() + backward()": lambda: s6.backward(qd, kd, vd, *s6.triton_forward(qd, kd, vd, True, 0.125),
+                                                             do, True, 0.125),
+        "direct: backward() only": lambda: s6.backward(qd, kd, vd, o0, lse0, do, True, 0.125),
+        "direct: backward() only, no_grad": lambda: _no_grad(lambda: s6.backward(qd, kd, vd, o0, lse0, do, True, 0.125)),
+        "direct: forward() only": lambda: s6.triton_forward(qd, kd, vd, True, 0.125),
+    }
+    rows = {}
+    for _ in range(2):                                   # twice: the second pass is the one kept
+        for name, f in variants.items():
+            for _ in range(10):
+                f()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            rows[name] = round((t1 - t0) / calls * 1e3, 4)
+    for name, ms in rows.items():
+        print(f"{name:40s} host {ms:.4f} ms/call", flush=True)
+    (out / "engine.json").write_text(json.dumps({"host_ms_per_call": rows, "shape": shape,
+                                                 "gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
+                                                indent=1))
+
+
+def _no_grad(f):
+    import torch
+    with torch.no_grad():
+        return f()
 
 
 if __name__ == "__main__":
