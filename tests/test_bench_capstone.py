@@ -29,6 +29,8 @@ def test_cpu_smoke_runs_every_part_and_records_what_cannot_run(tmp_path):
     for dtype in ("bf16", "fp16"):
         curve = res["loss_curves"][dtype]
         assert len(curve["step04"]["losses"]) == 20 and curve["max_abs_diff"] < 0.01, curve
+        assert len(curve["math"]["losses"]) == 20 and curve["bound"] >= 1e-3, curve   # the third, for the spread
+        assert curve["within_spread"] == (curve["max_abs_diff"] <= curve["bound"]), curve
     assert (tmp_path / "capstone_loss.png").stat().st_size > 0 and (tmp_path / "capstone_tokens.png").exists()
     assert not res.get("skipped") and not [k for k in res if k.endswith("_error")], res.keys()
 
@@ -54,3 +56,18 @@ def test_kernel_share_counts_attention_kernels_over_all_kernels(tmp_path):
     r = kernel_share(path)
     assert (r["share"], r["attention_kernel_ms"], r["all_kernel_ms"], r["kernels"]) == (0.3, 0.3, 1.0, 5), r
     assert [n for n, _ in r["attention_kernels"]][0] == "_bwd_dkdv_kernel"
+
+
+def test_loss_curves_are_judged_against_the_spread_of_two_correct_kernels(monkeypatch):
+    """Part c's verdict: within SPREAD_FACTOR x |third - ref| + SPREAD_FLOOR passes; past it fails."""
+    import bench.capstone_gpu as cg
+
+    runs = {"ours": [5.0, 4.0, 3.50], "ref": [5.0, 4.0, 3.40], "third": [5.0, 4.0, 3.45]}
+    monkeypatch.setattr(cg, "free", lambda: None)
+    monkeypatch.setattr(cg, "run_train", lambda cfg, attn, *a, **k: {"chose": attn, "losses": runs[attn],
+                                                                     "tokens_per_s": 1.0})
+    cfg = type("cfg", (), {"curve_context": 8, "curve_batch": 1, "curve_steps": 3})()
+    e = cg.curves(cfg, "ours", "ref", "bf16", "third")
+    assert e["max_abs_diff"] == 0.1 and e["reference_spread"] == 0.05 and e["within_spread"], e
+    runs["ours"] = [5.0, 4.0, 3.52]                     # 0.12 > 2 x 0.05 + 1e-3
+    assert not cg.curves(cfg, "ours", "ref", "bf16", "third")["within_spread"]
