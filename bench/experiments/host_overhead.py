@@ -263,7 +263,39 @@ def engine(out, calls):
         "direct: backward() only, no_grad": lambda: _no_grad(lambda: s6.backward(qd, kd, vd, o0, lse0, do, True, 0.125)),
         "direct: forward() only": lambda: s6.triton_forward(qd, kd, vd, True, 0.125),
     }
+    variants["direct: backward() only, q k v requiring grad"] = lambda: s6.backward(q, k, v, o0, lse0, do, True, 0.125)
+    import gc
     rows = {}
+    for gc_mode in ("gc on", "gc off", "gc frozen"):
+        gc.enable()
+        gc.unfreeze() if hasattr(gc, "unfreeze") else None
+        gc.collect()
+        if gc_mode == "gc off":
+            gc.disable()
+        elif gc_mode == "gc frozen":
+            gc.freeze()
+        for name in ("sdpa-flash autograd.grad", "Both autograd.grad", "step06 attention autograd.grad",
+                     "direct: forward() + backward()"):
+            f = variants[name]
+            for _ in range(10):
+                f()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            rows[f"{name}, {gc_mode}"] = round((t1 - t0) / calls * 1e3, 4)
+        gc.enable()
+    counts = {}
+    for name in ("sdpa-flash autograd.grad", "step06 attention autograd.grad"):
+        gc.collect()
+        before = gc.get_stats()
+        for _ in range(calls):
+            variants[name]()
+        after = gc.get_stats()
+        counts[name] = [a["collections"] - b["collections"] for a, b in zip(after, before)]
+    print("gc collections per generation over", calls, "calls:", counts, flush=True)
     for _ in range(2):                                   # twice: the second pass is the one kept
         for name, f in variants.items():
             for _ in range(10):
@@ -277,7 +309,7 @@ def engine(out, calls):
             rows[name] = round((t1 - t0) / calls * 1e3, 4)
     for name, ms in rows.items():
         print(f"{name:40s} host {ms:.4f} ms/call", flush=True)
-    (out / "engine.json").write_text(json.dumps({"host_ms_per_call": rows, "shape": shape,
+    (out / "engine.json").write_text(json.dumps({"host_ms_per_call": rows, "shape": shape, "gc_collections": counts,
                                                  "gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
                                                 indent=1))
 
