@@ -100,6 +100,9 @@ def fp32_backwards(q, k, v, dout, is_causal, scale):
     return (q1.grad, k1.grad, v1.grad), base_e, base_2
 
 
+_CAPSTONE_FN = {"step04": "FlashAttention2Torch", "step06": "FlashAttentionTriton"}   # capstone.dispatch.FUNCTIONS
+
+
 class Fail(Exception):
     def __init__(self, message, status=FAILED):
         super().__init__(message)
