@@ -1,6 +1,6 @@
 """Step 09 on a GPU against FlexAttention with the same block mask, forward and forward + backward.
 
-    python bench/sparse_gpu.py [--out results/h200/sparse] [--budget-s 120]
+    python bench/sparse_gpu.py [--out results/h200/sparse] [--budget-s 120] [--n 32768,65536 --windows 256 --globals 0,64]
 
 B=1, H=16, D=64, bf16, causal, N in {8k, 16k, 32k, 64k}, window in {256, 1024, 4096}, 0 or 64 global
 tokens. Each row is checked first (step 09 and FlexAttention against each other on the output) and
@@ -29,16 +29,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--budget-s", type=float, default=120)
+    ap.add_argument("--n", default="8192,16384,32768,65536", help="comma-separated sequence lengths")
+    ap.add_argument("--windows", default="256,1024,4096", help="comma-separated windows")
+    ap.add_argument("--globals", default="0,64", help="comma-separated numbers of global tokens")
     args = ap.parse_args()
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     s9 = load_step(9, "solutions")
     flex = torch.compile(flex_attention)
     t_end = time.monotonic() + args.budget_s
     rows = []
     H, D = 16, 64
-    for N in (8192, 16384, 32768, 65536):
-        for w in (256, 1024, 4096):
-            for g in (0, 64):
+    for N in ints(args.n):
+        for w in ints(args.windows):
+            for g in ints(args.globals):
                 if time.monotonic() > t_end:
                     rows.append({"N": N, "window": w, "n_global": g, "status": "skipped: budget"})
                     continue

@@ -224,12 +224,12 @@ def _sparse_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,        # dK and dV share one layout (both made here)
     H, N_Q, N_K, WINDOW, N_GLOBAL, scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, FIRST_TILE=0,
 ):
     scale = tl.cast(scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    pid_n = tl.program_id(0)
+    pid_n = tl.program_id(0) + FIRST_TILE          # key tiles before FIRST_TILE: _sparse_dkdv_split_kernel
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -298,12 +298,12 @@ def _sparse_dq_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     H, N_Q, N_K, WINDOW, N_GLOBAL, scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, FIRST_TILE=0,
 ):
     scale = tl.cast(scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
-    pid_m = tl.program_id(0)
+    pid_m = tl.program_id(0) + FIRST_TILE          # query tiles before FIRST_TILE: _sparse_dq_split_kernel
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -333,6 +333,112 @@ def _sparse_dq_kernel(
              mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
 
 
+# %% The tiles that see everything, split -----------------------------------------------------------
+#
+# A key tile holding a global key is seen by every query: its dK/dV program walks all N queries
+# while every other program walks a window, and one such program per head sets the kernel's end
+# (H200, N = 64k, window 256, 64 global tokens: forward + backward 7.85 ms against 3.49 without them;
+# results/h200/sparse/README.md). The same holds for the dQ program of a query tile holding a global
+# query (not causal: there a global query sees only the keys before it). These kernels give such a
+# tile one program per chunk of SPLIT rows; each writes its partial sum (fp32) and the launcher adds
+# them up: the main kernels start after these tiles (FIRST_TILE).
+
+@triton.jit
+def _sparse_dkdv_split_kernel(
+    Q, K, V, DO, LSE, DELTA, PART,                       # PART (2, splits, B*H, tiles * BLOCK_N, HEAD_DIM) fp32
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H, N_Q, N_K, WINDOW, N_GLOBAL, scale, qk_scale, SPLIT, ROWS,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    scale = tl.cast(scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_s = tl.program_id(0)                             # which chunk of SPLIT query rows
+    pid_n = tl.program_id(1)                             # which of the key tiles that hold a global key
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
+    v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    lo, hi, _, _ = _query_ranges(n0, N_Q, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)   # the whole column
+    lo = tl.maximum(lo, pid_s * SPLIT)                   # SPLIT is a multiple of BLOCK_M: tiles stay aligned
+    hi = tl.minimum(hi, pid_s * SPLIT + SPLIT)
+    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, n0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    part = PART + ((pid_s * tl.num_programs(2) + bh).to(tl.int64) * ROWS) * HEAD_DIM
+    where = part + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    in_range = (offs_n[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(where, dk * scale, mask=in_range)
+    half = tl.num_programs(0).to(tl.int64) * tl.num_programs(2) * ROWS * HEAD_DIM    # dV after every dK
+    tl.store(where + half, dv, mask=in_range)
+
+
+@triton.jit
+def _sparse_dq_split_kernel(
+    Q, K, V, DO, LSE, DELTA, PART,                       # PART (splits, B*H, tiles * BLOCK_M, HEAD_DIM) fp32
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H, N_Q, N_K, WINDOW, N_GLOBAL, scale, qk_scale, SPLIT, ROWS,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    scale = tl.cast(scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+    pid_s = tl.program_id(0)                             # which chunk of SPLIT keys
+    pid_m = tl.program_id(1)                             # which of the query tiles that hold a global query
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+    do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
+    lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+    delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, hi, _, _ = _key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)     # the whole row
+    lo = tl.maximum(lo, pid_s * SPLIT)                   # SPLIT is a multiple of BLOCK_N
+    hi = tl.minimum(hi, pid_s * SPLIT + SPLIT)
+    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, m0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    part = PART + ((pid_s * tl.num_programs(2) + bh).to(tl.int64) * ROWS) * HEAD_DIM
+    tl.store(part + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq * scale,
+             mask=(offs_m[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM))
+
+
+def split_rows(device_type):
+    """Rows (or keys) per program for the tiles that see everything: 1024 on a GPU (32 steps of dK/dV's
+    32-row tiles); 64 in the interpreter, so that the CPU tests' short sequences are split too."""
+    return 1024 if device_type == "cuda" else 64
+
+
 # %% Launchers: the dense steps' tile tables ----------------------------------------------------
 
 @direct_launches
@@ -355,8 +461,12 @@ def forward(q, k, v, window, n_global, is_causal, scale):
 
 
 @direct_launches
-def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale):
-    """``(dQ, dK, dV)`` shaped like q, k, v."""
+def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale, split=None):
+    """``(dQ, dK, dV)`` shaped like q, k, v.
+
+    ``split``: rows per program for the tiles that hold a global token (``split_rows``: None); 0 turns
+    the split off (one program per tile, as the other tiles).
+    """
     raise_if_stubbed(_sparse_dkdv_kernel)
     if do.stride(-1) != 1:
         do = do.contiguous()
@@ -369,20 +479,57 @@ def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale):
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dq4, dk4, dv4 = as_bhnd(dq), as_bhnd(dk), as_bhnd(dv)
     cfg = bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
+    split = split_rows(q.device.type) if split is None else split
     c = cfg["dkdv"]
-    dkdv = configured(_sparse_dkdv_kernel, c)
-    wrap_triton(dkdv)[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
-        q4, k4, v4, do4, lse, delta, dk4, dv4,
-        *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(),
-        H, nq, nk, window, n_global, scale, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
+    n_tiles = triton.cdiv(nk, c["BLOCK_N"])
+    # The key tiles that hold a global key, split over chunks of queries (see _sparse_dkdv_split_kernel)
+    # when their column is more than two chunks long.
+    g_tiles = min(triton.cdiv(n_global, c["BLOCK_N"]), n_tiles) if split and nq > 2 * split else 0
+    if g_tiles:
+        chunk = triton.cdiv(split, c["BLOCK_M"]) * c["BLOCK_M"]
+        n_splits = triton.cdiv(nq, chunk)
+        rows = min(g_tiles * c["BLOCK_N"], nk)
+        part = torch.empty((2, n_splits, B * H, rows, d), device=q.device, dtype=torch.float32)
+        dkdv_split = configured(_sparse_dkdv_split_kernel, c)
+        wrap_triton(dkdv_split)[(n_splits, g_tiles, B * H)](
+            q4, k4, v4, do4, lse, delta, part,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
+            H, nq, nk, window, n_global, scale, scale * LOG2E, chunk, rows,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
+        sums = part.sum(1).view(2, B, H, rows, d)
+        dk4[:, :, :rows] = sums[0]
+        dv4[:, :, :rows] = sums[1]
+    if n_tiles > g_tiles:
+        dkdv = configured(_sparse_dkdv_kernel, c)
+        wrap_triton(dkdv)[(n_tiles - g_tiles, B * H)](
+            q4, k4, v4, do4, lse, delta, dk4, dv4,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(),
+            H, nq, nk, window, n_global, scale, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, FIRST_TILE=g_tiles, **tiles(c))
     c = cfg["dq"]
-    dq_kernel = configured(_sparse_dq_kernel, c)
-    wrap_triton(dq_kernel)[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
-        q4, k4, v4, do4, lse, delta, dq4,
-        *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
-        H, nq, nk, window, n_global, scale, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
+    n_tiles = triton.cdiv(nq, c["BLOCK_M"])
+    # The query tiles that hold a global query, split over chunks of keys; causal, they see few keys.
+    g_tiles = (min(triton.cdiv(n_global, c["BLOCK_M"]), n_tiles)
+               if split and not is_causal and nk > 2 * split else 0)
+    if g_tiles:
+        chunk = triton.cdiv(split, c["BLOCK_N"]) * c["BLOCK_N"]
+        n_splits = triton.cdiv(nk, chunk)
+        rows = min(g_tiles * c["BLOCK_M"], nq)
+        part = torch.empty((n_splits, B * H, rows, d), device=q.device, dtype=torch.float32)
+        dq_split = configured(_sparse_dq_split_kernel, c)
+        wrap_triton(dq_split)[(n_splits, g_tiles, B * H)](
+            q4, k4, v4, do4, lse, delta, part,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
+            H, nq, nk, window, n_global, scale, scale * LOG2E, chunk, rows,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
+        dq4[:, :, :rows] = part.sum(0).view(B, H, rows, d)
+    if n_tiles > g_tiles:
+        dq_kernel = configured(_sparse_dq_kernel, c)
+        wrap_triton(dq_kernel)[(n_tiles - g_tiles, B * H)](
+            q4, k4, v4, do4, lse, delta, dq4,
+            *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
+            H, nq, nk, window, n_global, scale, scale * LOG2E,
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, FIRST_TILE=g_tiles, **tiles(c))
     return dq, dk, dv
 
 

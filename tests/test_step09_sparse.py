@@ -118,3 +118,25 @@ def test_bad_input_raises(load, kwargs, match):
     args = dict(window=4, n_global=0) | kwargs
     with pytest.raises(ValueError, match=match):
         step.attention_sparse(q, k, v, **args)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_tiles_that_see_everything_split_or_not(load, is_causal):
+    """The tiles holding a global token run split over chunks (partial sums added up) or whole: both right.
+
+    A chunk of 32 rows splits the global key tiles' dK/dV over 6 programs and, not causal, the global
+    query tiles' dQ; split=0 runs every tile as one program. Fails if a chunk is lost or counted twice.
+    """
+    step = load(9)
+    N, D, w, g = 190, 16, 7, 37
+    q, k, v = make_qkv(1, 2, N, N, D, device=DEVICE)
+    scale = D ** -0.5
+    o, lse = step.forward(q, k, v, w, g, is_causal, scale)
+    do = make_dout(o)
+    m = step.mask(N, N, w, g, is_causal, device=DEVICE)
+    refs = reference_backward(q, k, v, do, mask=m)
+    for split in (32, 0):
+        got = step.backward(q, k, v, o, lse, do, w, g, is_causal, scale, split=split)
+        for gname, t, ref, rows in zip(("dQ", "dK", "dV"), got, refs, ("query rows", "key rows", "key rows")):
+            assert_close(t, ref, name=gname, row_label=rows, context=f"split={split}, n_global={g}, "
+                         f"{'causal' if is_causal else 'full'}")
