@@ -130,6 +130,14 @@ if path.exists():
         print(f"{r['N']:>6} {r['window']:>6} {r['n_global']:>6} | {f['step09_ms']:>7.3f} {f['flex_ms']:>7.3f} "
               f"{f['speedup_vs_flex']:>6.2f} | {b['step09_ms']:>7.3f} {b['flex_ms']:>7.3f} {b['speedup_vs_flex']:>6.2f}")
     print("FlexAttention is ahead, most in the backward: results/h200/sparse/README.md says where the gap is")
+    split = RESULTS / "sparse" / "sparse_split_bb00e4b.json"
+    if split.exists():
+        print("\nthen the tiles that hold a global token split over chunks of 1024 rows (bb00e4b):")
+        for r in json.loads(split.read_text())["rows"]:
+            if r.get("status") == "ok":
+                b = r["fwd+bwd"]
+                print(f"{r['N']:>6} {r['window']:>6} {r['n_global']:>6} | fwd+bwd {b['step09_ms']:>7.3f} "
+                      f"{b['flex_ms']:>7.3f} {b['speedup_vs_flex']:>6.2f}")
 else:
     print("no H200 run committed yet: python bench/sparse_gpu.py --out results/h200/sparse")
 
