@@ -255,8 +255,13 @@ def _references(case, grads):
     return (q, k, v, dout, scale), ref_lse, refs
 
 
-def rank_failures(result, rank, world, case, inputs, ref_lse, refs):
-    """``[(tensor name, rank, report)]`` for each of this rank's LSE, O (dQ, dK, dV) that is wrong."""
+def rank_failures(result, rank, world, case, inputs, ref_lse, refs, allowance=None):
+    """``[(tensor name, rank, report)]`` for each of this rank's LSE, O (dQ, dK, dV) that is wrong.
+
+    ``allowance``: ``{name: (extra absolute error allowed, the fp32 drift it is made of, q's factor)}`` for
+    gradients at large scores (the grader's large-score policy, grading/spec.py): an element passes within
+    the base tolerance plus that much.
+    """
     q, k, v, dout, scale = inputs
     names = ("O", "dQ", "dK", "dV")[:len(refs)]
     idx = positions(case.n, world, rank, case.is_causal)
@@ -279,13 +284,24 @@ def rank_failures(result, rank, world, case, inputs, ref_lse, refs):
         # wrong. Rows are reported as sequence positions.
         whole = ref.clone()
         whole[..., idx, :] = got.detach().to(ref.dtype)
+        extra = (allowance or {}).get(name)
+        note = ""
+        if extra is not None:
+            atol, rtol = tolerance_for(want_dtype)
+            _, e, err, _, top = measure(whole, ref, atol, rtol)
+            if not bool((~(err <= atol * top + rtol * e.abs() + extra[0])).any()):
+                continue
+            note = (f"\n  large scores (q x {extra[2]:g}): an honest float32 computation of these inputs is off by up "
+                    f"to {extra[1]:.3g} in {name}, so this check allows {extra[0]:.3g} on top of the tolerance; "
+                    "elements are past even that. What to check first: each block's P = exp(S - L) with the "
+                    "float32 LSE of the whole row (the merged one), never exp(S) alone")
         try:
             assert_close(whole, ref, name=f"{name} on rank {rank}", context=ctx, row_label="sequence rows",
                          dtype=want_dtype,
                          hint=lambda got=got, name=name: diagnose(name, got, rank, world, case, q, k, v, dout,
                                                                   scale, refs))
         except CompareError as e:
-            failures.append((name, rank, str(e)))
+            failures.append((name, rank, str(e) + note))
     return failures
 
 

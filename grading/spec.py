@@ -296,15 +296,18 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
                                              f"{RING_WORLD} ranks{', causal: zigzag' if causal else ''})")
                 runs = [(c, causal, None, 1.0) for c in g.cases for causal in g.causal]
                 runs += [(g.cases[0], causal, s, 1.0) for s in g.scales for causal in g.causal]
-                if g.kind == "ring":       # large scores: the merge's LSEs reach a few hundred (forward only)
-                    runs += [(g.cases[0], causal, None, f) for f in g.q_factors for causal in g.causal]
+                # Large scores: the merge's LSEs reach a few hundred; the backward's checks there get the
+                # large-score allowance, as single-process backwards do (LARGE_SCORE_DRIFT_MULTIPLE).
+                runs += [(g.cases[0], causal, None, f) for f in g.q_factors for causal in g.causal]
                 for case, causal, scale, factor in runs:
                     key = f"ring/{case.id}/{causal}/{scale}/{g.seed}/q*{factor:g}"
 
                     def make(case=case, causal=causal, scale=scale, key=key, factor=factor):
                         q, k, v, dout = _inputs(case, g.seed, torch.float32)
-                        return Item("ring", key, q * factor if factor != 1 else q, k, v, causal, scale, "cpu",
-                                    dout=dout, extra={"world": RING_WORLD})
+                        it = Item("ring", key, q * factor if factor != 1 else q, k, v, causal, scale, "cpu",
+                                  dout=dout, extra={"world": RING_WORLD})
+                        it.expect["q_factor"] = factor        # the grader's own: never sent
+                        return it
                     it = get(key, make)
                     name = (_check_name(case, causal, scale, torch.float32, "cpu")
                             + (f" q*{factor:g}" if factor != 1 else "") + f" on {RING_WORLD} ranks")

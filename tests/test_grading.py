@@ -727,3 +727,22 @@ def test_step_files_are_found_at_the_top_in_steps_or_one_folder_deeper(tmp_path)
     gs = gradescope(g)
     assert g.steps[0].status == "missing" and note in gs["output"]
     assert "the note under the table says where the grader looked" in gs["tests"][0]["output"]
+
+
+def test_ring_gradients_get_the_large_score_allowance_and_no_more():
+    """attnlib.ringcheck.rank_failures with an allowance: a rank's dQ off by less than the allowance (past
+    the base tolerance) passes; off by twice the allowance fails, with the large-score note."""
+    from attnlib.ringcheck import RingCase, _references, positions, rank_failures
+    case = RingCase(batch=(1, 1), n=16, d=8)
+    inputs, ref_lse, refs = _references(case, grads=True)
+    rows = positions(case.n, 2, 0, False)
+    got = {"lse": ref_lse[..., rows].float(), "o": refs[0][..., rows, :].float(),
+           "dq": refs[1][..., rows, :].float(), "dk": refs[2][..., rows, :].float(), "dv": refs[3][..., rows, :].float()}
+    extra = 1e-3
+    allowance = {name: (extra, extra / 4, 100.0) for name in ("dQ", "dK", "dV")}
+    got["dq"] = got["dq"] + 0.5 * extra
+    assert rank_failures(got, 0, 2, case, inputs, ref_lse, refs, allowance=allowance) == []
+    assert [f[0] for f in rank_failures(got, 0, 2, case, inputs, ref_lse, refs)] == ["dQ"]     # no allowance: past
+    got["dq"] = got["dq"] + 1.5 * extra
+    fails = rank_failures(got, 0, 2, case, inputs, ref_lse, refs, allowance=allowance)
+    assert [f[0] for f in fails] == ["dQ"] and "large scores (q x 100)" in fails[0][2], fails
