@@ -136,6 +136,21 @@ def main():
                      "rows": rows}, indent=1))
 
 
+def host_ms(f, calls, warmup=10):
+    """Host milliseconds per call of ``f``: ``warmup`` calls, then ``calls`` with no synchronisation inside
+    the loop (the launch path alone while the GPU keeps up)."""
+    import torch
+    for _ in range(warmup):
+        f()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        f()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return round((t1 - t0) / calls * 1e3, 4)
+
+
 def layers(out, calls):
     """Host time per call of each layer of step 06's call, and cProfile of each (main thread)."""
     import torch
@@ -164,15 +179,7 @@ def layers(out, calls):
     }
     rows = {}
     for i, (name, f) in enumerate(steps.items()):
-        for _ in range(5):
-            f()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            f()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        rows[name] = round((t1 - t0) / calls * 1e3, 4)
+        rows[name] = host_ms(f, calls, warmup=5)
         print(f"{name:45s} host {rows[name]:.4f} ms/call", flush=True)
         pr = cProfile.Profile()
         pr.enable()
@@ -276,16 +283,7 @@ def engine(out, calls):
             gc.freeze()
         for name in ("sdpa-flash autograd.grad", "Both autograd.grad", "step06 attention autograd.grad",
                      "direct: forward() + backward()"):
-            f = variants[name]
-            for _ in range(10):
-                f()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            rows[f"{name}, {gc_mode}"] = round((t1 - t0) / calls * 1e3, 4)
+            rows[f"{name}, {gc_mode}"] = host_ms(variants[name], calls)
         gc.enable()
     counts = {}
     for name in ("sdpa-flash autograd.grad", "step06 attention autograd.grad"):
@@ -298,15 +296,7 @@ def engine(out, calls):
     print("gc collections per generation over", calls, "calls:", counts, flush=True)
     for _ in range(2):                                   # twice: the second pass is the one kept
         for name, f in variants.items():
-            for _ in range(10):
-                f()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            rows[name] = round((t1 - t0) / calls * 1e3, 4)
+            rows[name] = host_ms(f, calls)
     for name, ms in rows.items():
         print(f"{name:40s} host {ms:.4f} ms/call", flush=True)
     (out / "engine.json").write_text(json.dumps({"host_ms_per_call": rows, "shape": shape, "gc_collections": counts,
