@@ -25,7 +25,8 @@
 # 1. ask the dispatcher what it would run here, and why it passed over the faster ones;
 # 2. train the GPT with the course's attention and with SDPA's math backend, and compare the curves;
 # 3. see what a step that is still a stub does to the model (nothing: it is passed over, with its hint);
-# 4. read the commands for mixed precision, `torch.compile`, and two GPUs.
+# 4. read the commands for mixed precision, `torch.compile`, and two GPUs;
+# 5. read what the H200 measured: attention's share of a step, tokens/s, and the loss curves.
 
 # %%
 # The one switch: "steps" runs your code (steps/), "solutions" the course's, or a path to a folder like steps/.
@@ -105,6 +106,87 @@ with tempfile.TemporaryDirectory() as tmp:
 # `--compile` compiles the whole model with `fullgraph=True`: the course's kernels are registered
 # operators (notebook 06, section 9), so nothing breaks the graph. The dispatcher decides eagerly,
 # before compiling (a trial call, an extension build), and the compiled graph reads its decision.
+
+# %% [markdown]
+# ## 5. What the H200 measured
+#
+# The GPU runs behind `results/h200/capstone/README.md` (`bench/capstone_gpu.py`; model `small`: 6 layers,
+# d_model 512, 8 heads of 64, bf16, 16,384 tokens a step). Three questions, one figure each.
+#
+# **Where does a training step's time go as the context grows?** Attention's share of the step's GPU
+# kernel time (torch.profiler), and the tokens/s of the whole step with step 06 against SDPA-FLASH
+# (after the host fixes of notebook 06, section 10):
+
+# %%
+import json
+from attnlib.nb import REPO
+
+RESULTS = REPO / "results" / "h200"
+share_run = RESULTS / "capstone" / "capstone.json"
+speed_run = RESULTS / "capstone" / "capstone_6607034.json"
+if share_run.exists() and speed_run.exists():
+    shares = json.loads(share_run.read_text())["attention_share"]
+    speed = {(r["attn"], r["context"]): r for r in json.loads(speed_run.read_text())["speed"]
+             if not r.get("compile") and "tokens_per_s" in r}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for attn, style in (("sdpa-flash", "o-"), ("step06", "s--")):
+        rows = sorted((r["context"], r["share"]) for r in shares if r["attn"] == attn)
+        ax1.plot([c for c, _ in rows], [100 * x for _, x in rows], style, label=attn)
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("context")
+    ax1.set_ylabel("attention, % of kernel time")
+    ax1.set_title("attention's share of a training step")
+    ax1.legend()
+    contexts = sorted({c for a, c in speed if a == "step06"})
+    for attn, style in (("sdpa-flash", "o-"), ("sdpa-cudnn", "^:"), ("step06", "s--")):
+        ax2.plot(contexts, [speed[attn, c]["tokens_per_s"] / 1e3 if (attn, c) in speed else float("nan")
+                            for c in contexts], style, label=attn)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("context")
+    ax2.set_ylabel("thousand tokens/s")
+    ax2.set_title("a whole training step")
+    ax2.legend()
+    fig.tight_layout()
+    plt.show()
+    print("step 06 / SDPA-FLASH tokens/s:", ", ".join(
+        f"{c}: {speed['step06', c]['tokens_per_s'] / speed['sdpa-flash', c]['tokens_per_s']:.2f}x" for c in contexts))
+else:
+    print("no H200 run committed yet: python bench/capstone_gpu.py --out results/h200/capstone")
+
+# %% [markdown]
+# Attention is a sixth of the kernel time at context 1k and two thirds at 16k: the longer the
+# context, the more a faster attention kernel is worth to the whole step. At 1k the step is bound by
+# the host, not the GPU, which is why step 06's faster kernels do not show there.
+#
+# **Does the model learn the same with the course's kernel?** Two runs that differ only in the attention
+# kernel round differently, and training amplifies the difference, most after a loss spike. A third
+# implementation, SDPA's cuDNN backend, shows how far two *correct* kernels drift apart on the same run:
+# step 06 passes when it stays within twice that spread.
+
+# %%
+curves_run = RESULTS / "capstone" / "capstone_curves_1ffb63e.json"
+if curves_run.exists():
+    curves = json.loads(curves_run.read_text())["loss_curves"]
+    fig, axes = plt.subplots(1, len(curves), figsize=(11, 3.6), squeeze=False)
+    for ax, (dtype, e) in zip(axes[0], curves.items()):
+        for attn, style in (("sdpa-flash", "-"), ("step06", "--"), ("sdpa-cudnn", ":")):
+            ax.plot(e[attn]["losses"], style, label=attn)
+        ax.set_title(f"{dtype}: |step06 - FLASH| <= {e['max_abs_diff']:.3f}, |cuDNN - FLASH| <= {e['reference_spread']:.3f}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend()
+    fig.tight_layout()
+    plt.show()
+    for dtype, e in curves.items():
+        print(f"{dtype}: within 2 x the spread of two correct kernels + 1e-3: {e['within_spread']}")
+else:
+    print("no H200 run committed yet: python bench/capstone_gpu.py --out results/h200/capstone --parts c")
+
+# %% [markdown]
+# **Does it scale past one GPU?** `torchrun --nproc-per-node 2 -m capstone train --parallel ddp|fsdp` on two
+# H200s reached the same loss with DDP and with FSDP2 (`results/h200/capstone/ddp.json`, `fsdp.json`); for
+# a 19M-parameter model FSDP2's gathers cost half the throughput, as they should where the model fits one
+# GPU many times over.
 
 # %% [markdown]
 # ## References
