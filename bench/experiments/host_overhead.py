@@ -61,11 +61,13 @@ def main():
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--layers", action="store_true", help="only the layers of one step 06 call, small shape")
     ap.add_argument("--engine", action="store_true", help="only the autograd engine variants, small shape")
+    ap.add_argument("--yappi", action="store_true", help="with --engine: profile step 06's call on every thread "
+                    "(yappi, wall clock) into yappi_step06.txt; pip install yappi (a wheel in .whl/ for the device)")
     args = ap.parse_args()
     if args.layers:
         return layers(Path(args.out), args.calls)
     if args.engine:
-        return engine(Path(args.out), args.calls)
+        return engine(Path(args.out), args.calls, args.yappi)
     import torch
     import triton
     from torch.profiler import ProfilerActivity, profile
@@ -195,7 +197,27 @@ def layers(out, calls):
                                                  "torch": torch.__version__}, indent=1))
 
 
-def engine(out, calls):
+def profile_all_threads(f, calls, path):
+    """yappi's wall-clock profile of ``calls`` calls of ``f`` on every thread (the autograd engine's device
+    thread included, which cProfile in the calling thread cannot see), functions by total time, per thread."""
+    import yappi
+    yappi.set_clock_type("wall")
+    yappi.clear_stats()
+    yappi.start(builtins=True, profile_threads=True)
+    for _ in range(calls):
+        f()
+    yappi.stop()
+    text = io.StringIO()
+    threads = yappi.get_thread_stats()
+    threads.print_all(out=text)
+    for t in threads:
+        text.write(f"\n=== thread {t.id} ({t.name}), {t.ttot:.4f} s\n")
+        yappi.get_func_stats(ctx_id=t.id).sort("ttot").print_all(
+            out=text, columns={0: ("name", 90), 1: ("ncall", 8), 2: ("tsub", 8), 3: ("ttot", 8), 4: ("tavg", 8)})
+    Path(path).write_text(text.getvalue())
+
+
+def engine(out, calls, use_yappi=False):
     """Where the autograd engine's share of a step 06 call goes: Python Functions that keep one part each."""
     import torch
     import torch.nn.functional as F
@@ -299,6 +321,14 @@ def engine(out, calls):
             rows[name] = host_ms(f, calls)
     for name, ms in rows.items():
         print(f"{name:40s} host {ms:.4f} ms/call", flush=True)
+    if use_yappi:
+        profile_all_threads(variants["step06 attention autograd.grad"], calls, out / "yappi_step06.txt")
+        profile_all_threads(variants["direct: forward() + backward()"], calls, out / "yappi_direct.txt")
+
+        def one_thread():          # the backward on this thread: seen whether or not yappi hooks the engine's
+            with torch.autograd.set_multithreading_enabled(False):
+                variants["step06 attention autograd.grad"]()
+        profile_all_threads(one_thread, calls, out / "yappi_step06_one_thread.txt")
     (out / "engine.json").write_text(json.dumps({"host_ms_per_call": rows, "shape": shape, "gc_collections": counts,
                                                  "gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
                                                 indent=1))
