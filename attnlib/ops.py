@@ -117,6 +117,11 @@ def extension_op(qualname: str, fn, *, fake, backward=None, setup_context=None):
     return _register(opdef, backward, setup_context)
 
 
+def _traced(args) -> bool:
+    """Is any argument a tensor subclass (FakeTensor, FunctionalTensor: a compiler tracing the call)?"""
+    return any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)
+
+
 def direct_launches(fn):
     """Decorate a launcher: with plain tensors, its ``wrap_triton`` launches call the kernels at once.
 
@@ -129,7 +134,7 @@ def direct_launches(fn):
 
     @functools.wraps(fn)
     def launcher(*args, **kwargs):
-        if any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in (*args, *kwargs.values())):
+        if _traced((*args, *kwargs.values())):
             return fn(*args, **kwargs)
         with set_wrap_triton_enabled(False):
             return fn(*args, **kwargs)
@@ -147,8 +152,7 @@ def eager_fast(op, fn):
     formula, or its error when it has none, stays the operator's). ``.op`` is the operator.
     """
     def call(*args):
-        if (torch.compiler.is_compiling() or torch.is_grad_enabled()
-                or any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)):
+        if torch.compiler.is_compiling() or torch.is_grad_enabled() or _traced(args):
             return op(*args)
         return fn(*args)
     call.op = op
