@@ -628,9 +628,9 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
                     if headroom:     # the memory probe: the OS refused what the call asked for, or it broke
                         nxn_mb = math.prod(it.q.shape[:-2]) * n * it.k.shape[-2] * 4 / 2 ** 20
                         bad, msg = True, (f"at Nq = Nk = {n} ({'causal' if it.is_causal else 'full'}), run with "
-                                          f"{headroom} MiB of memory on top of what the worker held (an Nq x Nk "
-                                          f"float32 matrix takes {nxn_mb:.0f} MiB; Bq x Bk tiles or Nq x Bk strips "
-                                          "a few MiB), the "
+                                          f"{headroom} MiB of {'GPU ' if it.extra.get('gpu') else ''}memory on top "
+                                          f"of what the worker held (an Nq x Nk float32 matrix takes {nxn_mb:.0f} "
+                                          "MiB; Bq x Bk tiles or Nq x Bk strips a few MiB), the "
                                           + (f"{err.get('phase', 'call')} failed ({err.get('type')}: "
                                              f"{err.get('message', '')[:200]})" if err else "call never came back")
                                           + ": an Nq x Nk tensor, or Nq x Nk worth of smaller ones kept alive "
@@ -640,6 +640,13 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
                     bad, msg = True, (f"the Nq = Nk = {n} probe of the N x N rule did not run"
                                       + (f" ({err.get('type')}: {err.get('message', '')[:200]})" if err else "")
                                       + ": the rule cannot be checked, so it counts as broken")
+                    break
+                peak = rec.get("meta", {}).get("gpu_peak_mb")
+                if headroom and peak is not None and peak > headroom:
+                    bad, msg = True, (f"at Nq = Nk = {n} ({'causal' if it.is_causal else 'full'}), the call's peak "
+                                      f"CUDA memory rose {peak:.0f} MiB over its start, past the {headroom} MiB it was "
+                                      "given (the cap was lifted?): an Nq x Nk tensor, or Nq x Nk worth of smaller "
+                                      "ones kept alive. Keep only the running max, sum and accumulator")
                     break
                 g = rec.get("guard", {})
                 if int(g.get("max_numel", 0)) >= limit:

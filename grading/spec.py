@@ -33,7 +33,7 @@ RULES = {
                 "the attention itself must run in the code Inductor generated, not eagerly beside it)",
     "no_sdpa": "must not call F.scaled_dot_product_attention (forward or backward)",
     "no_nxn": "must not build an Nq x Nk tensor (checked at Nq = Nk = 512, forward and backward; and on a CPU "
-              "at Nq = Nk = 8192 under a memory cap an Nq x Nk matrix does not fit in)",
+              "at Nq = Nk = 8192, on a GPU at 16384, under a memory cap an Nq x Nk matrix does not fit in)",
     "triton_fwd": "the forward must launch a Triton kernel",
     "triton_bwd": "the backward must launch a Triton kernel",
     "extension": "must call its compiled CUDA extension",
@@ -89,6 +89,11 @@ NXN_FRACTION = 0.5
 # minutes at this size, and a GPU worker's cap is not an address-space cap (grading/README.md).
 NXN_MEMORY_PROBE = Case((1, 1), 8192, 8192, 16)
 NXN_MEMORY_HEADROOM_MB = 128
+# On a GPU (steps 08 and 09, whose forward runs there): the same probe at N = 16384 in the step's fp16,
+# where an Nq x Nk matrix takes 512 MiB (fp32: 1 GiB), under a cap on the worker's CUDA memory of what its
+# caching allocator holds plus 128 MiB (torch.cuda.set_per_process_memory_fraction, set back after), and
+# with the call's peak CUDA memory measured besides (a submission that lifts the cap still shows its peak).
+NXN_GPU_MEMORY_PROBE = Case((1, 1), 16384, 16384, 64)
 SPEED_CASE = Case((4, 16), 4096, 4096, 64)
 
 # The backward at large scores (q x q_factor, fp32). With scores of a few hundred, float32 itself rounds
@@ -389,7 +394,13 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
             for causal in (False, True):
                 out.append(Item("attn", f"nxn/{causal}", q, k, v, causal, None, device, dout=dout,
                                 grads=True, nxn_probe=True))
-            if spec.runs_on == "cpu" and device == "cpu":
+            if device == "cuda":
+                q, k, v, dout = _inputs(NXN_GPU_MEMORY_PROBE, 8, dtype)
+                for causal in (False, True):
+                    out.append(Item("attn", f"nxn_memory/{causal}", q, k, v, causal, None, device, dout=dout,
+                                    grads=True, nxn_probe=True,
+                                    extra={"headroom_mb": NXN_MEMORY_HEADROOM_MB, "measure": False, "gpu": True}))
+            elif spec.runs_on == "cpu" and device == "cpu":
                 q, k, v, dout = _inputs(NXN_MEMORY_PROBE, 8, dtype)
                 for causal in (False, True):
                     out.append(Item("attn", f"nxn_memory/{causal}", q, k, v, causal, None, device, dout=dout,

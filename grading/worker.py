@@ -360,8 +360,33 @@ def _memory_cap(headroom_mb):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
+@contextlib.contextmanager
+def _cuda_memory_cap(headroom_mb, rec):
+    """no_nxn's memory probe on a GPU: for the call, the caching allocator may hold what it holds now plus
+    ``headroom_mb`` (``set_per_process_memory_fraction``, set back after), so an Nq x Nk matrix is refused;
+    the call's peak CUDA memory above the start goes into the record too (``gpu_peak_mb``)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    dev = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(dev).total_memory
+    start = torch.cuda.memory_allocated(dev)
+    held = torch.cuda.memory_reserved(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (held + int(headroom_mb) * 2 ** 20) / total), dev)
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        rec["meta"]["gpu_peak_mb"] = round((torch.cuda.max_memory_allocated(dev) - start) / 2 ** 20, 1)
+        torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        torch.cuda.empty_cache()
+
+
 def run_attn(mod, it, g, root):
     rec = {"tensors": {}, "meta": {}}
+    if it["extra"].get("gpu") and it["extra"].get("headroom_mb"):
+        with _cuda_memory_cap(it["extra"]["headroom_mb"], rec):
+            return _run_attn(mod, it, g, root, rec)
     with _memory_cap(it["extra"].get("headroom_mb")):
         return _run_attn(mod, it, g, root, rec)
 

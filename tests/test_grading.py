@@ -531,6 +531,54 @@ def test_the_memory_probe_cap_refuses_an_nxn_matrix_and_is_lifted_after():
     torch.ones(8192, 8192)
 
 
+def test_the_gpu_memory_probe_is_built_for_the_triton_steps_on_a_gpu():
+    """On a GPU machine steps 08 and 09 get no_nxn's memory probe at N = 16384 under a CUDA cap; step 04's
+    stays on the CPU at 8192; without a GPU no Triton step gets one (the interpreter is too slow)."""
+    from grading.spec import NXN_MEMORY_HEADROOM_MB, build_items
+    conf = cfg.load()                                   # the course's config: every step
+    for n in (8, 9):
+        for has_gpu in (True, False):
+            items, _ = build_items(n, conf.steps[n].groups, has_gpu=has_gpu)
+            probes = [it for it in items if it.extra.get("headroom_mb")]
+            if has_gpu:
+                assert {(it.device, it.q.shape[-2], it.extra.get("gpu"), it.is_causal) for it in probes} == {
+                    ("cuda", 16384, True, False), ("cuda", 16384, True, True)}, [it.id for it in probes]
+                assert all(it.extra["headroom_mb"] == NXN_MEMORY_HEADROOM_MB and not it.extra["measure"]
+                           for it in probes)
+            else:
+                assert not probes, [it.id for it in probes]
+    items4, _ = build_items(4, conf.steps[4].groups, has_gpu=True)
+    assert {(it.device, it.q.shape[-2]) for it in items4 if it.extra.get("headroom_mb")} == {("cpu", 8192)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA memory cap needs a GPU")
+def test_the_gpu_memory_probe_cap_refuses_an_nxn_matrix_and_is_lifted_after():
+    """Inside the CUDA cap a 16384 x 16384 fp16 matrix (512 MiB) cannot be made, a 16384 x 64 strip can;
+    the record gets the call's peak; afterwards the whole GPU is back."""
+    from grading.spec import NXN_MEMORY_HEADROOM_MB
+    from grading.worker import _cuda_memory_cap
+    rec = {"meta": {}}
+    with _cuda_memory_cap(NXN_MEMORY_HEADROOM_MB, rec):
+        strip = torch.ones(16384, 64, device="cuda", dtype=torch.float16)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.ones(16384, 16384, device="cuda", dtype=torch.float16)
+    assert 1.5 < rec["meta"]["gpu_peak_mb"] < NXN_MEMORY_HEADROOM_MB, rec
+    del strip
+    torch.ones(16384, 16384, device="cuda", dtype=torch.float16)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU memory probe runs on a GPU only")
+def test_nxn_except_at_the_probe_is_caught_on_a_gpu():
+    """Issue 14, hole 4, on a GPU: step 09 with O(N) memory at the 512 probe and N x N elsewhere
+    (hostile_gpu/nxn_except_at_probe) breaks no_nxn through the memory probe at 16384."""
+    g = Grader(cfg.load(), jobs=1, threads=1).grade(FIX / "hostile_gpu" / "nxn_except_at_probe", [9])
+    text = report(g)
+    s = step_of(g, 9)
+    assert (s.points, s.status) == (0.0, "rule broken"), text
+    assert "at Nq = Nk = 16384 (full), run with 128 MiB of GPU memory" in text, text
+
+
 def test_hidden_items_go_last_and_draw_from_a_seed_the_worker_cannot_know(tmp_path):
     """The worker gets items in this order, one at a time: no visible call comes after a hidden input.
     A hidden group's seed comes from the hidden file's bytes, not from the public seed and its name."""
