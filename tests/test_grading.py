@@ -146,6 +146,94 @@ def step_of(grade, n):
 
 
 # ---------------------------------------------------------------------------
+# Solutions, stubs, batch: through the command line, as `make grade` runs it
+# ---------------------------------------------------------------------------
+# (First in the file: the longest single tests. pytest-xdist hands tests out in file order, and
+# started last they set the end of the run: `make test` on 2 workers, `make gpu-check` on 5.)
+
+def run_cli(*args, timeout=420):
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "grading", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout, time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_solutions_score_full_marks(tmp_path):
+    out, secs = run_cli("--impl", "solutions", "--hidden", str(FIX / "hidden"), "--out", str(tmp_path),
+                        "--cache", str(tmp_path / "cache"), "--jobs", "2", "--quiet")
+    print(out, f"\n{secs:.0f} s")
+    res = json.loads((tmp_path / "results.json").read_text())
+    steps = res["extra_data"]["steps"]
+    graded = [n for n in released_steps() if not step_needs_gpu(n) or torch.cuda.is_available()]
+    assert graded, "no step to grade"
+    for n in graded:
+        st = steps[STEPS[n][0]]
+        assert st["status"] == "passed" and st["points"] == st["max"] > 0, f"step {n:02d}: {st}\n{out}"
+    assert res["score"] == pytest.approx(res["extra_data"]["max_points"])
+    # Gradescope's format: every test has a name, a score out of max_score, an output and a visibility.
+    for t in res["tests"]:
+        assert {"name", "score", "max_score", "output", "visibility"} <= set(t), t
+        assert t["visibility"] in ("visible", "hidden", "after_due_date", "after_published")
+    hidden = [t for t in res["tests"] if "hidden" in t["tags"]]
+    assert hidden and all(t["visibility"] == "after_due_date" and t["score"] == t["max_score"] for t in hidden)
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    assert root.tag == "testsuites" and int(root.get("failures")) == 0 and int(root.get("errors")) == 0
+    assert int(root.get("tests")) > 100
+
+
+@pytest.mark.slow
+def test_stubs_score_zero_not_implemented(tmp_path):
+    out, _ = run_cli("--impl", "steps", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"), "--quiet",
+                     "--jobs", "2")
+    res = json.loads((tmp_path / "results.json").read_text())
+    for n in released_steps():
+        if not (REPO / "steps" / f"{STEPS[n][0]}.py").exists():
+            continue
+        st = res["extra_data"]["steps"][STEPS[n][0]]
+        if step_needs_gpu(n) and not torch.cuda.is_available():
+            assert st["status"] == "needs a GPU" and st["max"] == 0
+            continue
+        assert st["status"] == "not implemented" and st["points"] == 0 and st["max"] > 0, f"step {n:02d}: {st}\n{out}"
+    assert "not implemented: Step 01:" in out
+
+
+@pytest.mark.slow
+def test_batch_grades_everyone_despite_broken_submissions(tmp_path):
+    subs = tmp_path / "class"
+    (subs / "good").mkdir(parents=True)
+    shutil.copyfile(REPO / "solutions" / "step01_naive.py", subs / "good" / "step01_naive.py")
+    shutil.copytree(FIX / "hostile" / "os_exit", subs / "crashes")
+    shutil.copytree(FIX / "hostile" / "syntax_error", subs / "broken")
+    (subs / "nested" / "steps").mkdir(parents=True)           # a zip of the whole repo: steps/ inside
+    shutil.copyfile(REPO / "solutions" / "step01_naive.py", subs / "nested" / "steps" / "step01_naive.py")
+    shutil.copytree(FIX / "hostile" / "tamper_files", subs / "rewrites_grader")
+    before = (REPO / "attnlib" / "compare.py").read_text()
+    proc = subprocess.run([sys.executable, "-m", "grading", "batch", str(subs), "-j", "2", "--step", "1",
+                           "--config", str(TEST_CONFIG), "--out", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "100%" in proc.stderr                                   # the progress bar ran to the end
+    rows = {r["submission"]: r for r in csv.DictReader(open(tmp_path / "out" / "gradebook.csv"))}
+    assert set(rows) == {"good", "crashes", "broken", "nested", "rewrites_grader"}
+    assert float(rows["good"]["total"]) == 10.0 and rows["good"]["step01_status"] == "passed"
+    assert float(rows["nested"]["total"]) == 10.0
+    assert float(rows["crashes"]["total"]) == 0.0 and rows["crashes"]["step01_status"] == "crashed"
+    assert rows["broken"]["step01_status"] == "import error" and "SyntaxError" in rows["broken"]["first_failure"]
+    assert (tmp_path / "out" / "good" / "results.json").exists()
+    # It rewrote its own grader's copy of attnlib/compare.py: caught (or, in its own mount namespace,
+    # refused: the library is read-only there), and nobody else's grade moved.
+    if NAMESPACES:
+        assert rows["rewrites_grader"]["step01_status"] == "failed", rows["rewrites_grader"]
+    else:
+        assert rows["rewrites_grader"]["step01_status"] == "rejected", rows["rewrites_grader"]
+        assert "attnlib/compare.py" in rows["rewrites_grader"]["first_failure"]
+    assert float(rows["rewrites_grader"]["total"]) == 0.0
+    assert (REPO / "attnlib" / "compare.py").read_text() == before
+
+
+# ---------------------------------------------------------------------------
 # Every wrong and hostile submission, graded once, two at a time
 # ---------------------------------------------------------------------------
 
@@ -285,92 +373,6 @@ def test_hidden_tests_merge_and_stay_withheld(graded):
     assert "q70" not in details(g) and "q70" not in junit(g)
     # The visible groups still explain themselves.
     assert "it hides the diagonal" in details(g)
-
-
-# ---------------------------------------------------------------------------
-# Solutions, stubs, batch: through the command line, as `make grade` runs it
-# ---------------------------------------------------------------------------
-
-def run_cli(*args, timeout=420):
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "grading", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout, time.monotonic() - t0
-
-
-@pytest.mark.slow
-def test_solutions_score_full_marks(tmp_path):
-    out, secs = run_cli("--impl", "solutions", "--hidden", str(FIX / "hidden"), "--out", str(tmp_path),
-                        "--cache", str(tmp_path / "cache"), "--jobs", "2", "--quiet")
-    print(out, f"\n{secs:.0f} s")
-    res = json.loads((tmp_path / "results.json").read_text())
-    steps = res["extra_data"]["steps"]
-    graded = [n for n in released_steps() if not step_needs_gpu(n) or torch.cuda.is_available()]
-    assert graded, "no step to grade"
-    for n in graded:
-        st = steps[STEPS[n][0]]
-        assert st["status"] == "passed" and st["points"] == st["max"] > 0, f"step {n:02d}: {st}\n{out}"
-    assert res["score"] == pytest.approx(res["extra_data"]["max_points"])
-    # Gradescope's format: every test has a name, a score out of max_score, an output and a visibility.
-    for t in res["tests"]:
-        assert {"name", "score", "max_score", "output", "visibility"} <= set(t), t
-        assert t["visibility"] in ("visible", "hidden", "after_due_date", "after_published")
-    hidden = [t for t in res["tests"] if "hidden" in t["tags"]]
-    assert hidden and all(t["visibility"] == "after_due_date" and t["score"] == t["max_score"] for t in hidden)
-    root = ET.parse(tmp_path / "junit.xml").getroot()
-    assert root.tag == "testsuites" and int(root.get("failures")) == 0 and int(root.get("errors")) == 0
-    assert int(root.get("tests")) > 100
-
-
-@pytest.mark.slow
-def test_stubs_score_zero_not_implemented(tmp_path):
-    out, _ = run_cli("--impl", "steps", "--out", str(tmp_path), "--cache", str(tmp_path / "cache"), "--quiet",
-                     "--jobs", "2")
-    res = json.loads((tmp_path / "results.json").read_text())
-    for n in released_steps():
-        if not (REPO / "steps" / f"{STEPS[n][0]}.py").exists():
-            continue
-        st = res["extra_data"]["steps"][STEPS[n][0]]
-        if step_needs_gpu(n) and not torch.cuda.is_available():
-            assert st["status"] == "needs a GPU" and st["max"] == 0
-            continue
-        assert st["status"] == "not implemented" and st["points"] == 0 and st["max"] > 0, f"step {n:02d}: {st}\n{out}"
-    assert "not implemented: Step 01:" in out
-
-
-@pytest.mark.slow
-def test_batch_grades_everyone_despite_broken_submissions(tmp_path):
-    subs = tmp_path / "class"
-    (subs / "good").mkdir(parents=True)
-    shutil.copyfile(REPO / "solutions" / "step01_naive.py", subs / "good" / "step01_naive.py")
-    shutil.copytree(FIX / "hostile" / "os_exit", subs / "crashes")
-    shutil.copytree(FIX / "hostile" / "syntax_error", subs / "broken")
-    (subs / "nested" / "steps").mkdir(parents=True)           # a zip of the whole repo: steps/ inside
-    shutil.copyfile(REPO / "solutions" / "step01_naive.py", subs / "nested" / "steps" / "step01_naive.py")
-    shutil.copytree(FIX / "hostile" / "tamper_files", subs / "rewrites_grader")
-    before = (REPO / "attnlib" / "compare.py").read_text()
-    proc = subprocess.run([sys.executable, "-m", "grading", "batch", str(subs), "-j", "2", "--step", "1",
-                           "--config", str(TEST_CONFIG), "--out", str(tmp_path / "out")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "100%" in proc.stderr                                   # the progress bar ran to the end
-    rows = {r["submission"]: r for r in csv.DictReader(open(tmp_path / "out" / "gradebook.csv"))}
-    assert set(rows) == {"good", "crashes", "broken", "nested", "rewrites_grader"}
-    assert float(rows["good"]["total"]) == 10.0 and rows["good"]["step01_status"] == "passed"
-    assert float(rows["nested"]["total"]) == 10.0
-    assert float(rows["crashes"]["total"]) == 0.0 and rows["crashes"]["step01_status"] == "crashed"
-    assert rows["broken"]["step01_status"] == "import error" and "SyntaxError" in rows["broken"]["first_failure"]
-    assert (tmp_path / "out" / "good" / "results.json").exists()
-    # It rewrote its own grader's copy of attnlib/compare.py: caught (or, in its own mount namespace,
-    # refused: the library is read-only there), and nobody else's grade moved.
-    if NAMESPACES:
-        assert rows["rewrites_grader"]["step01_status"] == "failed", rows["rewrites_grader"]
-    else:
-        assert rows["rewrites_grader"]["step01_status"] == "rejected", rows["rewrites_grader"]
-        assert "attnlib/compare.py" in rows["rewrites_grader"]["first_failure"]
-    assert float(rows["rewrites_grader"]["total"]) == 0.0
-    assert (REPO / "attnlib" / "compare.py").read_text() == before
 
 
 # ---------------------------------------------------------------------------
