@@ -24,8 +24,9 @@ so a failure is recorded in the JSON as the error's first line and the rest goes
      capstone_loss.png (the three curves, one panel per dtype).
   a'. step07 as in part a (last among the a's: its first call builds the CUDA extension, which can
      take minutes on a fresh machine; what the dispatcher says when it cannot is recorded).
-  d. step06 under torch.compile(fullgraph=True) at context 4096 (compile time included in the run,
-     excluded from the median), if the budget leaves time.
+  d. step06 and sdpa-flash, each under torch.compile(fullgraph=True), at contexts 4096 and 16384 (compile
+     time included in the run, excluded from the median), if the budget leaves time; the ratio compiled
+     step06 / compiled sdpa-flash per context.
 
 ``--budget-s`` (default 230): a part or run that would start after that many seconds is skipped and
 recorded as skipped. Progress goes to stdout with the elapsed time, flushed. Writes ``--out``/
@@ -378,12 +379,21 @@ def main(argv=None):
         plot_curves(list(res["loss_curves"].values()), ours, "sdpa-flash", cfg.out / "capstone_loss.png", third)
 
     def d():
-        ctx = 4096 if not smoke else cfg.contexts[-1]
-        for attn in ((ours, "naive") if not smoke else (ours,)):
-            if budget.skip(f"compiled {attn} {ctx}", res, "last_skip"):
-                continue
-            res["speed"].append(speed(cfg, attn, ctx, compile=True))
-            save()
+        # Compiled against compiled: the issue's "same model with SDPA-FLASH" when the model is compiled
+        # (the runs of 11-30 and 12-01 compared compiled step 06 with eager SDPA-FLASH only).
+        ctxs = [c for c in (4096, 16384) if c in cfg.contexts] if not smoke else [cfg.contexts[-1]]
+        for ctx in ctxs:
+            for attn in (ours, "sdpa-flash"):
+                if budget.skip(f"compiled {attn} {ctx}", res, "last_skip"):
+                    continue
+                res["speed"].append(speed(cfg, attn, ctx, compile=True))
+                save()
+            tok = {r["attn"]: r.get("tokens_per_s") for r in res["speed"] if r["context"] == ctx and r["compile"]}
+            if tok.get(ours) and tok.get("sdpa-flash"):
+                res.setdefault("ratio_compiled_step06_over_compiled_sdpa_flash", {})[str(ctx)] = \
+                    round(tok[ours] / tok["sdpa-flash"], 3)
+                log(f"  compiled {ours} / compiled sdpa-flash tokens/s at {ctx}: "
+                    f"{res['ratio_compiled_step06_over_compiled_sdpa_flash'][str(ctx)]}")
 
     part("a", a(ATTNS))
     part("b", b)
