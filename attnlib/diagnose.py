@@ -134,6 +134,14 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES, t
             p_ = torch.softmax(s_, dim=-2)
             yield "the softmax is taken over the queries (dim=-2); it must run over the keys (dim=-1)", \
                 torch.where(torch.isnan(p_), torch.zeros_like(p_), p_) @ v
+        if nk > 1:
+            # One key short of the end: an off-by-one in a length (a varlen sequence's end read as
+            # cu_seqlens[b + 1] - 1, one past the last row taken for the last row) or a loop's bound.
+            last = torch.arange(nk)[None, :] < nk - 1
+            yield (f"the last key (j = Nk - 1 = {nk - 1}) is never seen: a length or a loop bound one short "
+                   "(in a packed batch sequence b's keys are rows cu_seqlens_k[b] to cu_seqlens_k[b + 1] - 1: "
+                   "its length is cu_seqlens_k[b + 1] - cu_seqlens_k[b])"), \
+                _attn_with_mask(q, k, v, scale, last & causal_mask(nq, nk) if is_causal else last)[pick]
         for bk in tiles:
             if bk >= nk:
                 continue
@@ -142,8 +150,9 @@ def candidates(quantity, q, k, v, *, is_causal, scale, dout=None, tiles=TILES, t
             yield f"the running sum l is not rescaled by exp(m_old - m_new) (Bk={bk})", \
                 flash_sim(q, k, v, scale, is_causal, bk, rescale_l=False)[pick]
             if nk % bk:
-                yield f"the last, partial key tile is dropped (keys {(nk // bk) * bk}-{nk - 1}, Bk={bk})", \
-                    flash_sim(q, k, v, scale, is_causal, bk, drop_partial_k=True)[pick]
+                if nk % bk > 1:      # (a partial tile of one key: the last key never seen, above)
+                    yield f"the last, partial key tile is dropped (keys {(nk // bk) * bk}-{nk - 1}, Bk={bk})", \
+                        flash_sim(q, k, v, scale, is_causal, bk, drop_partial_k=True)[pick]
                 pad = -(-nk // bk) * bk - nk
                 kp = torch.cat([k, k.new_zeros(*k.shape[:-2], pad, k.shape[-1])], dim=-2)
                 vp = torch.cat([v, v.new_zeros(*v.shape[:-2], pad, v.shape[-1])], dim=-2)

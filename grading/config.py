@@ -27,7 +27,7 @@ HIDDEN_FILE = "hidden.toml"
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")
 KINDS = ("forward", "backward", "contract", "lse", "autograd", "backend", "lowp", "speed", "warmup", "capstone",
-         "ring", "ring_backward")
+         "ring", "ring_backward", "sparse", "sparse_backward")
 GROUP_KEYS = {"points", "kind", "cases", "causal", "scales", "q_factors", "needs_gpu", "all_or_nothing",
               "visibility", "reveal", "seed"}
 STEP_KEYS = {"timeout_s", "memory_mb", "cases", "causal", "scales", "q_factors", "visibility", "groups"}

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import torch
 
 from attnlib.checks import describe
-from attnlib.compare import CompareError, assert_close, measure, tolerance_for
+from attnlib.compare import CompareError, assert_close, format_ranges, measure, tolerance_for
 from attnlib.contract import causal_mask
-from attnlib.diagnose import likely_bug
+from attnlib.diagnose import _distance, likely_bug
 from attnlib.reference import reference_attention, reference_backward
 
-from .spec import CAPSTONE_ATOL, LARGE_SCORE_DRIFT_MULTIPLE, NXN_FRACTION, SDPA_OPS, Check, Item
+from .spec import CAPSTONE_ATOL, LARGE_SCORE_DRIFT_MULTIPLE, NXN_FRACTION, SDPA_OPS, Check, Item, sparse_mask
 
 # Statuses of one check
 PASSED, FAILED, NOT_IMPLEMENTED, ERROR, LOST, SKIPPED = (
@@ -100,6 +100,71 @@ def fp32_backwards(q, k, v, dout, is_causal, scale):
     return (q1.grad, k1.grad, v1.grad), base_e, base_2
 
 
+def _pattern(it: Item):
+    """The grader's mask of step 09's pattern for a sparse item (spec.sparse_mask), else None."""
+    if not it.extra.get("sparse"):
+        return None
+    window, n_global = it.extra["sparse"]
+    return sparse_mask(it.q.shape[-2], it.k.shape[-2], window, n_global, it.is_causal)
+
+
+def sparse_bug(quantity, actual, ref, it: Item, scale, dout, row_dim=-2) -> str | None:
+    """A likely-bug sentence for step 09's pattern: the result of a mistaken pattern (the window's edge off
+    by one, the global terms missing), or wrong rows confined to the global tokens."""
+    window, n_global = it.extra["sparse"]
+    nq, nk = it.q.shape[-2], it.k.shape[-2]
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nk)[None, :]
+    near = (i - j).abs() < window
+    glob_k, glob_q = j < n_global, i < n_global
+    variants = [
+        ("the window is off by one: key j = i + window is seen (j - i <= window instead of j - i < window)",
+         near | (j - i == window) | glob_k | glob_q),
+        ("the window is off by one: key j = i - window is seen (i - j <= window instead of i - j < window)",
+         near | (i - j == window) | glob_k | glob_q),
+        ("the window is off by one on both sides (|i - j| <= window instead of |i - j| < window)",
+         ((i - j).abs() <= window) | glob_k | glob_q),
+        ("the window is one key too narrow (|i - j| < window - 1)", ((i - j).abs() < window - 1) | glob_k | glob_q),
+    ]
+    if n_global:
+        variants += [("the global keys are not seen by every query (the j < n_global term is missing)",
+                      near | glob_q),
+                     ("the global queries do not see every key (the i < n_global term is missing)", near | glob_k)]
+    actual = actual.detach().to("cpu", torch.float64)
+    d_true = _distance(actual, ref)
+    scored = []
+    for desc, m in variants:
+        m = m & (j <= i) if it.is_causal else m
+        if torch.equal(m, _pattern(it)):
+            continue
+        if quantity in ("o", "lse"):
+            cand = reference_attention(it.q, it.k, it.v, it.is_causal, it.scale, mask=m)[quantity == "lse"]
+        else:
+            cand = reference_backward(it.q, it.k, it.v, dout, it.is_causal, it.scale, mask=m)[
+                ("dq", "dk", "dv").index(quantity)]
+        scored.append((_distance(actual, cand), desc))
+    best = min(scored) if scored else None
+    if best is not None and best[0] < 0.1 * d_true and best[0] < 5e-2:
+        return f"{best[1]} (yours matches that mistake to {best[0]:.1e} of max|ref|)"
+    # Wrong only in the tiles that hold the global tokens (whatever their size, up to 128 and short of the
+    # sequence): those tiles visit too few tiles.
+    n = actual.shape[row_dim]
+    bad = ((actual - ref).abs() > 1e-3 * max(float(ref.abs().max()), 1e-30)) | torch.isnan(actual)
+    other = [d for d in range(actual.dim()) if d != actual.dim() + row_dim]
+    rows = bad.permute(actual.dim() + row_dim, *other).reshape(n, -1).any(dim=1).nonzero().flatten()
+    ends = [-(-n_global // b) * b for b in (16, 32, 64, 128)]
+    if n_global and rows.numel() and any(int(rows.max()) < e < n for e in ends):
+        which = format_ranges(rows.tolist())
+        if quantity in ("dk", "dv"):
+            return (f"only key rows {which} are wrong, in the first key tile(s), which hold the global keys "
+                    f"(0-{n_global - 1}): every query sees a global key, so the dK/dV of a key tile that holds one "
+                    "must take every query tile (_query_ranges), not only the window's")
+        return (f"only query rows {which} are wrong, in the first query tile(s), which hold the global queries "
+                f"(0-{n_global - 1}): a global query sees every key, so a query tile that holds one must visit "
+                "every key tile (_key_ranges)")
+    return None
+
+
 _CAPSTONE_FN = {"step04": "FlashAttention2Torch", "step06": "FlashAttentionTriton"}   # capstone.dispatch.FUNCTIONS
 
 
@@ -138,13 +203,13 @@ class Evaluator:
     def _refs(self, it: Item) -> Refs:
         r = self.refs.setdefault(id(it), Refs())
         if r.o is None:
-            r.o, r.lse = reference_attention(it.q, it.k, it.v, it.is_causal, it.scale)
+            r.o, r.lse = reference_attention(it.q, it.k, it.v, it.is_causal, it.scale, mask=_pattern(it))
         return r
 
     def _grads(self, it: Item):
         r = self._refs(it)
         if r.grads is None:
-            r.grads = reference_backward(it.q, it.k, it.v, it.dout, it.is_causal, it.scale)
+            r.grads = reference_backward(it.q, it.k, it.v, it.dout, it.is_causal, it.scale, mask=_pattern(it))
         return r.grads
 
     def _drift(self, it: Item, scale: float):
@@ -171,8 +236,15 @@ class Evaluator:
         # tiles: the forward's own (Bq, Bk) as its Triton launches gave them (worker._forward_tiles);
         # without them the diagnosis simulates the usual sizes.
         sizes = {"tile": tiles["k"], "tile_q": tiles["q"]} if tiles and quantity in ("o", "lse") else {}
-        hint = self._hint(group, lambda: likely_bug(quantity, actual, it.q, it.k, it.v, is_causal=it.is_causal,
-                                                    scale=scale, dout=dout, row_dim=row_dim, **sizes))
+        if it.extra.get("sparse"):
+            # Step 09's pattern: the dense mistakes of likely_bug are measured against the dense truth;
+            # this one names the pattern's own.
+            window, n_global = it.extra["sparse"]
+            ctx += f", window={window}, n_global={n_global}"
+            hint = self._hint(group, lambda: sparse_bug(quantity, actual, expected, it, scale, dout, row_dim))
+        else:
+            hint = self._hint(group, lambda: likely_bug(quantity, actual, it.q, it.k, it.v, is_causal=it.is_causal,
+                                                        scale=scale, dout=dout, row_dim=row_dim, **sizes))
         try:
             assert_close(actual, expected, name=name, dtype=dtype or it.dtype, row_dim=row_dim,
                          row_label=row_label, context=ctx, hint=hint)

@@ -67,7 +67,10 @@ STEP_SPECS: dict[int, StepSpec] = {
     # 08, 09: graded through their dense `attention` (every (batch, head) a packed sequence; a window
     # wider than the sequence); step 08's Function saves its LSE as (H, total_q), so no autograd group.
     8: StepSpec(_BASE + ("lse",), ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
-    9: StepSpec(_FLASH, ("no_reference", "no_sdpa", "no_nxn", "triton_fwd", "triton_bwd"), runs_on="triton"),
+    # 09 also through `attention_sparse` on real patterns (SPARSE_PATTERNS: a window narrower than the
+    # sequence, global tokens): the dense `attention` runs every pair visible, where neither shows.
+    9: StepSpec(_FLASH + ("sparse", "sparse_backward"), ("no_reference", "no_sdpa", "no_nxn", "triton_fwd",
+                                                          "triton_bwd"), runs_on="triton"),
     # 10: `attention` in one process (a ring of one: the per-block kernel alone), and the ring itself:
     # `ring_attention` on RING_WORLD gloo processes the worker starts (grading/worker.py, run_ring),
     # every rank's O and LSE (ring) and dQ, dK, dV (ring_backward) against its rows of the float64
@@ -95,6 +98,12 @@ NXN_MEMORY_HEADROOM_MB = 128
 # with the call's peak CUDA memory measured besides (a submission that lifts the cap still shows its peak).
 NXN_GPU_MEMORY_PROBE = Case((1, 1), 16384, 16384, 64)
 SPEED_CASE = Case((4, 16), 4096, 4096, 64)
+# Step 09's sparse groups: `attention_sparse(q, k, v, window, n_global, is_causal)` on each case (Nq = Nk)
+# with each (window, n_global), against the float64 reference under the grader's own mask of the pattern
+# (sparse_mask: |i - j| < window or j < n_global or i < n_global, and j <= i if causal; never the step's
+# `visible`). A window that crosses tiles, without and with global tokens: an off-by-one at the window's
+# edge shows in both, global tokens forgotten (forward or backward) in the second.
+SPARSE_PATTERNS = ((20, 0), (9, 5))
 
 # The backward at large scores (q x q_factor, fp32). With scores of a few hundred, float32 itself rounds
 # S = q k^T * scale and the LSE by |S| * 6e-8 (about 2e-5 at 300), and with nearly one-hot rows
@@ -328,6 +337,27 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
                             it.checks.append(Check(g.name, "ring_layout",
                                                    f"shard/unshard of {n} rows on {world} ranks "
                                                    f"{'causal (zigzag)' if causal else 'full (contiguous)'}"))
+            elif g.kind in ("sparse", "sparse_backward"):
+                for case in g.cases:
+                    if case.nq != case.nk:
+                        raise ValueError(f"step {step}: group {g.name!r}, case {case.id}: a sparse pattern needs "
+                                         "nq = nk")
+                for case in g.cases:
+                    for window, n_global in SPARSE_PATTERNS:
+                        for causal in g.causal:
+                            key = (f"sparse/{case.id}/{causal}/{window}/{n_global}/{g.seed}/{_dtname(dtype)}/"
+                                   f"{device}")
+
+                            def make(case=case, causal=causal, key=key, dtype=dtype, device=device,
+                                     window=window, n_global=n_global):
+                                q, k, v, dout = _inputs(case, g.seed, dtype)
+                                return Item("attn", key, q, k, v, causal, None, device, dout=dout,
+                                            extra={"sparse": [window, n_global]})
+                            it = get(key, make)
+                            name = (_check_name(case, causal, None, dtype, device)
+                                    + f" window={window} n_global={n_global}")
+                            it.checks.append(Check(g.name, "o" if g.kind == "sparse" else "grads", name))
+                            it.grads = it.grads or g.kind == "sparse_backward"
             elif g.kind == "lse":
                 for case in g.cases:
                     for causal in g.causal:
@@ -412,6 +442,14 @@ def build_items(step: int, groups: list[Group], has_gpu: bool) -> tuple[list[Ite
         it.hidden = bool(it.checks) and all(c.group in hidden for c in it.checks)
     out.sort(key=lambda it: it.hidden)
     return out, skipped
+
+
+def sparse_mask(nq: int, nk: int, window: int, n_global: int, is_causal: bool) -> torch.Tensor:
+    """The grader's own statement of step 09's pattern: True where query i sees key j."""
+    i = torch.arange(nq)[:, None]
+    j = torch.arange(nk)[None, :]
+    seen = ((i - j).abs() < window) | (j < n_global) | (i < n_global)
+    return seen & (j <= i) if is_causal else seen
 
 
 def _capstone_item(step: int, key: str, seed: int, device: str) -> Item:

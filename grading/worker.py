@@ -398,7 +398,11 @@ def _run_attn(mod, it, g, root, rec):
     g.score_numel = math.prod(q.shape[:-1]) * k.shape[-2]       # batch * Nq * Nk (rule compiled)
     try:
         with g.watch("fwd", probe), launched_tiles() as tiles:
-            out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
+            if it["extra"].get("sparse"):        # step 09's sparse groups: a real window and global tokens
+                window, n_global = it["extra"]["sparse"]
+                out = mod.attention_sparse(q, k, v, window, n_global, is_causal=it["is_causal"], scale=it["scale"])
+            else:
+                out = mod.attention(q, k, v, is_causal=it["is_causal"], scale=it["scale"])
     except BaseException as exc:  # noqa: BLE001 - a student's SystemExit is a failure too
         rec["error"] = _error("forward", exc, root)
         return rec

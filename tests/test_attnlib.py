@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from attnlib import assert_close, make_dout, make_qkv, reference_attention, reference_backward
 from attnlib.cases import device_dtype_params
 from attnlib.compare import CompareError, format_ranges, tolerance_for
+from attnlib.contract import causal_mask
 from attnlib.diagnose import flash_sim, likely_bug
 
 
@@ -320,3 +321,17 @@ def test_launched_tiles_records_the_kernels_own_tile_sizes():
     with launched_tiles() as t:
         copy[(2,)](x, y, 40, BLOCK_N=32)
     assert t.get("BLOCK_N") == 32
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_diagnosis_names_the_last_key_dropped(is_causal):
+    """Every row one key short of the end (step 08: a sequence's end read as cu_seqlens[b + 1] - 1), named
+    for O and the LSE; with 33 keys and tiles of 32 it is also the last tile of one key, named once, as this."""
+    for nq, nk in ((50, 45), (100, 33)):
+        q, k, v = make_qkv(1, 2, nq, nk, 16, dtype=torch.float64)
+        mask = torch.arange(nk)[None, :] < nk - 1
+        mask = mask & causal_mask(nq, nk) if is_causal else mask.expand(nq, nk)
+        o, lse = reference_attention(q, k, v, False, 0.25, mask=mask)
+        for quantity, got, kw in (("o", o, {}), ("lse", lse, {"row_dim": -1})):
+            hint = likely_bug(quantity, got, q, k, v, is_causal=is_causal, scale=0.25, tile=32, **kw)
+            assert hint and hint.startswith(f"the last key (j = Nk - 1 = {nk - 1}) is never seen"), (nq, nk, hint)
