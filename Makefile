@@ -7,12 +7,13 @@ IMPL    ?= steps
 LEVEL   ?= guided
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup grade check test stubs check-stubs lab notebooks executed bench gpu-check clean help
+.PHONY: setup grade check test test-grader stubs check-stubs lab notebooks executed bench gpu-check clean help
 
 help:
 	@echo "make grade   grade your steps/ (IMPL=solutions or IMPL=path to grade another folder)"
 	@echo "make check   one quick test per step on IMPL (default: your steps/), under 2 minutes on a laptop"
 	@echo "make test    the whole suite against solutions/, stubs and notebooks included"
+	@echo "make test-grader  the grader's hostile and planted submissions graded as one batch (-j 2), minutes"
 	@echo "make lab     Jupyter Lab at the repository root (the notebooks are in notebooks/)"
 	@echo "make notebooks  write notebooks/NN_*.ipynb from their sources notebooks/NN_*.py (jupytext)"
 	@echo "make executed  run every notebook against solutions/ into notebooks/executed/ (on the GPU machine)"
@@ -45,6 +46,11 @@ check: $(STAMP)
 # (2026-11-30), against 12m13s in one process. Each planted submission is graded by the worker whose test asks.
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q -n 2 --dist load
+
+# The grader's corpus as one class (every hostile submission, the planted bugs of steps 01-04) in one
+# `python -m grading batch -j 2`: every row as it scores alone. Minutes; not part of `make test`.
+test-grader: $(STAMP)
+	ATTN_GRADER_BATCH=1 OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q tests/test_grading_batch.py
 
 lab: $(STAMP)
 	$(VPY) -m jupyter lab --notebook-dir=$(CURDIR)
