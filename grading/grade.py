@@ -399,7 +399,7 @@ class Grader:
                         fwd_bug[i] = cr
                     elif c.what in ("grads", "ring_grads") and cr.status == FAILED and i in fwd_bug:
                         f = fwd_bug[i]
-                        cr.message += ("\n  the forward is wrong on this input too (see the forward group): fix it first"
+                        cr.message += (f"\n  the forward is wrong on this input too (see the {f.group} group): fix it first"
                                        + (f"; likely bug there: {f.likely_bug}" if f.likely_bug else ""))
                 groups[c.group].checks.append(cr)
                 if c.what == "time" and cr.passed:
