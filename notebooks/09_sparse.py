@@ -115,6 +115,21 @@ for causal in (False, True):
 # rows' windows: for those rows the tile's scores are all $-\infty$, the running max stays $-\infty$,
 # and $\exp_2(s - m)$ becomes $\exp_2(-\infty + \infty)$ = NaN. The guard: where $m_\text{new}$ is
 # still $-\infty$, subtract 0 instead; $p$ and $\alpha$ are then 0, as they should be.
+#
+# ## 5. On the H200: stages, registers, and FlexAttention
+#
+# The first version of these kernels ran one loop per range with an `if` on each tile: mask it or
+# not. Correct, and slow: compiled for sm_90, the dK/dV kernel needed more registers than the 128 its
+# tiles allow for two programs per SM and **spilled 308 bytes a thread** to local memory, and the
+# forward and dQ kernels ran one program per SM. The fix is the one step 05 used for the causal
+# diagonal: walk each range in three stages, masked / unmasked / masked, with `MASKED` a compile-time
+# flag, so the interior stage carries no mask code at all. For a range of key tiles the full ones
+# form one run, whose bounds are a few integer operations (`_full_keys`, `_full_queries`: a window
+# edge, the diagonal, a global token's edge, the sequence's end); a bound that is off only costs
+# speed when it is too tight and correctness when it is too loose, and the tests check both, tile by
+# tile, against the explicit mask. Then tiles and register caps of its own (`sparse_fwd_config`,
+# `sparse_bwd_config`), each measured on the H200 (`bench/experiments/sparse_bwd_tiles.py`).
+# Below, the latest run against FlexAttention, and the one before the change.
 
 # %%
 path = RESULTS / "sparse" / "sparse.json"
@@ -129,15 +144,14 @@ if path.exists():
         f, b = r["fwd"], r["fwd+bwd"]
         print(f"{r['N']:>6} {r['window']:>6} {r['n_global']:>6} | {f['step09_ms']:>7.3f} {f['flex_ms']:>7.3f} "
               f"{f['speedup_vs_flex']:>6.2f} | {b['step09_ms']:>7.3f} {b['flex_ms']:>7.3f} {b['speedup_vs_flex']:>6.2f}")
-    print("FlexAttention is ahead, most in the backward: results/h200/sparse/README.md says where the gap is")
-    split = RESULTS / "sparse" / "sparse_split_bb00e4b.json"
-    if split.exists():
-        print("\nthen the tiles that hold a global token split over chunks of 1024 rows (bb00e4b):")
-        for r in json.loads(split.read_text())["rows"]:
-            if r.get("status") == "ok":
-                b = r["fwd+bwd"]
-                print(f"{r['N']:>6} {r['window']:>6} {r['n_global']:>6} | fwd+bwd {b['step09_ms']:>7.3f} "
-                      f"{b['flex_ms']:>7.3f} {b['speedup_vs_flex']:>6.2f}")
+    print("results/h200/sparse/README.md: what changed run to run, and where the gap left is")
+    before = RESULTS / "sparse" / "sparse_8e14917.json"
+    if before.exists():
+        print("\nx Flex before the split of the global tiles, the stages and step 09's own tiles (8e14917):")
+        for r in json.loads(before.read_text())["rows"]:
+            if r.get("status") == "ok" and r["N"] >= 16384:
+                print(f"{r['N']:>6} {r['window']:>6} {r['n_global']:>6} | fwd {r['fwd']['speedup_vs_flex']:>5.2f}"
+                      f" | fwd+bwd {r['fwd+bwd']['speedup_vs_flex']:>5.2f}")
 else:
     print("no H200 run committed yet: python bench/sparse_gpu.py --out results/h200/sparse")
 
@@ -160,8 +174,9 @@ else:
 #
 # ## Exercises
 #
-# 1. `_tile_full` lets interior tiles skip the mask. Roughly what fraction of the visited tiles is
-#    masked, and how does it change with the window at a fixed tile size?
+# 1. `_full_keys` and `_full_queries` let interior tiles skip the mask. Roughly what fraction of the
+#    visited tiles is masked, and how does it change with the window at a fixed tile size? Which
+#    bound would you loosen by one, and which test catches it (`tests/test_step09_sparse.py`)?
 # 2. Make global tokens *not* see everything (only be seen): which of `visible`, `_key_ranges` and
 #    `_query_ranges` change? Which test fails first if you change only `visible`?
 # 3. Dilated windows (every $d$-th key within $w \cdot d$): write its `visible`, and say which tiles

@@ -19,8 +19,11 @@ Which tiles each program visits (the tile schedule, a few integer operations per
     dK/dV, key tile [n0, n0 + BN):            all query tiles if the tile holds a global key;
         else the global query tiles, then the window's query tiles
 
-A tile whose every (query, key) pair is visible runs with no mask (``_tile_full``); only the
-tiles that cross the window's edges, the diagonal or the sequence's end are masked. A query row
+Within each of those ranges the tiles whose every (query, key) pair is visible form one run
+(``_full_keys``, ``_full_queries``): each range is walked as step 05 walks the causal diagonal, in
+three stages, masked / unmasked / masked, the mask a compile-time flag (``MASKED``), so the interior
+tiles carry no mask code at all, and only the tiles that cross the window's edges, the diagonal, a
+global token's edge or the sequence's end are masked. A query row
 may see nothing in the first tiles it visits (the window starts inside a tile): the online
 softmax then keeps m = -inf, and the update below guards exp2(-inf - -inf).
 
@@ -59,15 +62,48 @@ def visible(q_idx, k_idx, WINDOW, N_GLOBAL, IS_CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _tile_full(m0, n0, N_Q, N_K, WINDOW, N_GLOBAL,
+def _full_keys(m0, N_Q, N_K, WINDOW, N_GLOBAL,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
-    """Is every pair of query tile [m0, m0 + BM) x key tile [n0, n0 + BN) in range and visible?"""
-    inside = (m0 + BLOCK_M <= N_Q) & (n0 + BLOCK_N <= N_K)
-    near = (m0 + BLOCK_M - 1 - n0 < WINDOW) & (n0 + BLOCK_N - 1 - m0 < WINDOW)
-    seen = near | (n0 + BLOCK_N <= N_GLOBAL) | (m0 + BLOCK_M <= N_GLOBAL)
+    """For query tile [m0, m0 + BM): key tiles whose every pair is in range and visible start in
+    [0, a_hi) among the global key tiles (range a of ``_key_ranges``) and in [b_lo, b_hi) among the
+    window's (range b). A bound may leave out a full tile (it then runs masked), never take in a tile
+    that is not full: tests/test_step09_sparse.py checks both against the explicit mask."""
+    top = N_K - BLOCK_N + 1                                # the key tile ends inside N_K
     if IS_CAUSAL:
-        seen = seen & (n0 + BLOCK_N - 1 <= m0)
-    return inside & seen
+        top = tl.minimum(top, m0 - BLOCK_N + 2)            # its last key <= the tile's first query
+    top = tl.where(m0 + BLOCK_M <= N_Q, top, 0)            # a query tile past N_Q: nothing is full
+    # range a: the key tile is global through and through, or the query tile is
+    a_hi = tl.where(m0 + BLOCK_M <= N_GLOBAL, top, tl.minimum(top, N_GLOBAL - BLOCK_N + 1))
+    # range b: every pair within the window, |q - k| < WINDOW
+    b_lo = m0 + BLOCK_M - WINDOW
+    b_hi = tl.minimum(top, m0 + WINDOW - BLOCK_N + 1)
+    return a_hi, b_lo, b_hi
+
+
+@triton.jit
+def _full_queries(n0, N_Q, N_K, WINDOW, N_GLOBAL,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """For key tile [n0, n0 + BN), the same for query tiles (``_query_ranges``' ranges a and b):
+    full ones start in [bottom, a_hi) and in [b_lo, b_hi)."""
+    top = N_Q - BLOCK_M + 1                                # the query tile ends inside N_Q
+    top = tl.where(n0 + BLOCK_N <= N_K, top, 0)            # a key tile past N_K: nothing is full
+    if IS_CAUSAL:
+        bottom = n0 + BLOCK_N - 1                          # its first query >= the tile's last key
+    else:
+        bottom = n0 * 0
+    a_hi = tl.where(n0 + BLOCK_N <= N_GLOBAL, top, tl.minimum(top, N_GLOBAL - BLOCK_M + 1))
+    b_lo = tl.maximum(bottom, n0 + BLOCK_N - WINDOW)
+    b_hi = tl.minimum(top, n0 + WINDOW - BLOCK_M + 1)
+    return bottom, a_hi, b_lo, b_hi
+
+
+@triton.jit
+def _unmasked_part(lo, hi, f_lo, f_hi, BLOCK: tl.constexpr):
+    """The unmasked stage [u_lo, u_hi) of the tile range [lo, hi) (lo a multiple of BLOCK): the tiles
+    starting in [f_lo, f_hi). The range runs masked [lo, u_lo), unmasked [u_lo, u_hi), masked [u_hi, hi)."""
+    u_lo = tl.minimum(tl.maximum(lo, tl.cdiv(tl.maximum(f_lo, 0), BLOCK) * BLOCK), hi)
+    u_hi = tl.maximum(tl.minimum(hi, tl.cdiv(tl.maximum(f_hi, 0), BLOCK) * BLOCK), u_lo)
+    return u_lo, u_hi
 
 
 @triton.jit
@@ -115,18 +151,19 @@ def _query_ranges(n0, N_Q, WINDOW, N_GLOBAL, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 @triton.jit
 def _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                      offs_m, offs_d, m0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
-                      IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                      offs_m, offs_d, lo, hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                      MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
-        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
-        # >>> STUDENT: scores s = q @ k^T * qk_scale as in step 05; only where the tile is not full (_tile_full), set s to -inf where not visible(...) or the key is >= N_K
+        # >>> STUDENT: the K and V tiles, loaded as in step 05's stages: only a MASKED stage can run past N_K
+        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, MASKED, PAD_D)
+        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, MASKED, PAD_D)
+        # <<< STUDENT
+        # >>> STUDENT: scores s = q @ k^T * qk_scale as in step 05; in a MASKED stage only, set s to -inf where not visible(...) or the key is >= N_K
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        full = _tile_full(m0, start_n, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        if full == 0:                                    # a boundary tile: mask it
+        if MASKED:                                       # a boundary tile: mask it
             seen = visible(offs_m[:, None], offs_n[None, :], WINDOW, N_GLOBAL, IS_CAUSAL) & (offs_n[None, :] < N_K)
             s = tl.where(seen, s, float("-inf"))
         # <<< STUDENT
@@ -140,6 +177,25 @@ def _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, s
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
         # <<< STUDENT
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _sparse_fwd_range(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                      offs_m, offs_d, lo, hi, f_lo, f_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                      IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The key tiles [lo, hi) in three stages: masked, the full ones [f_lo, f_hi) unmasked, masked."""
+    u_lo, u_hi = _unmasked_part(lo, hi, f_lo, f_hi, BLOCK_N)
+    acc, l_i, m_i = _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      offs_m, offs_d, lo, u_lo, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                      HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      offs_m, offs_d, u_lo, u_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                      HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      offs_m, offs_d, u_hi, hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                      HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -173,12 +229,13 @@ def _sparse_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo_a, hi_a, lo_b, hi_b = _key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    acc, l_i, m_i = _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                      offs_m, offs_d, m0, lo_a, hi_a, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                                      HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
-    acc, l_i, m_i = _sparse_fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                                      offs_m, offs_d, m0, lo_b, hi_b, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                                      HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    a_hi, b_lo, b_hi = _full_keys(m0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    acc, l_i, m_i = _sparse_fwd_range(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      offs_m, offs_d, lo_a, hi_a, 0, a_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                      HEAD_DIM, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _sparse_fwd_range(acc, l_i, m_i, q, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                                      offs_m, offs_d, lo_b, hi_b, b_lo, b_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                      HEAD_DIM, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
     store_tile(O, acc * (1.0 / l_i)[:, None], offs_m, offs_d, stride_om, stride_od, N_Q, HEAD_DIM)
     tl.store(LSE + offs_m, (m_i + tl.math.log2(l_i)) * LN2, mask=offs_m < N_Q)
 
@@ -187,22 +244,25 @@ def _sparse_fwd_kernel(
 
 @triton.jit
 def _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
-                       offs_n, offs_d, n0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
-                       IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       offs_n, offs_d, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr,
+                       MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
-        do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
-        lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
-        delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
-        # >>> STUDENT: step 06's recomputation, transposed: sT = k @ q^T * qk_scale, dpT = v @ do^T, pT = exp2(sT - lse2); where the tile is not full, pT = 0 where not visible(...) or out of range
+        q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, MASKED, PAD_D)
+        do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, MASKED, PAD_D)
+        if MASKED:
+            lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+            delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+        else:
+            lse2 = tl.load(LSE + offs_m) * LOG2E_C
+            delta = tl.load(DELTA + offs_m)
+        # >>> STUDENT: step 06's recomputation, transposed: sT = k @ q^T * qk_scale, dpT = v @ do^T, pT = exp2(sT - lse2); in a MASKED stage only, pT = 0 where not visible(...) or out of range
         sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         pT = tl.math.exp2(sT - lse2[None, :])
-        full = _tile_full(start_m, n0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        if full == 0:
+        if MASKED:
             seen = visible(offs_m[None, :], offs_n[:, None], WINDOW, N_GLOBAL, IS_CAUSAL)
             pT = tl.where(seen & (offs_m[None, :] < N_Q) & (offs_n[:, None] < N_K), pT, 0.0)
         # <<< STUDENT
@@ -211,6 +271,25 @@ def _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, st
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         # <<< STUDENT
+    return dk, dv
+
+
+@triton.jit
+def _sparse_dkdv_range(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                       offs_n, offs_d, lo, hi, f_lo, f_hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr,
+                       IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The query tiles [lo, hi) in three stages: masked, the full ones [f_lo, f_hi) unmasked, masked."""
+    u_lo, u_hi = _unmasked_part(lo, hi, f_lo, f_hi, BLOCK_M)
+    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, lo, u_lo, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
+    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, u_lo, u_hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
+    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, u_hi, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
     return dk, dv
 
 
@@ -249,12 +328,13 @@ def _sparse_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     lo_a, hi_a, lo_b, hi_b = _query_ranges(n0, N_Q, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
-                                offs_n, offs_d, n0, lo_a, hi_a, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
-    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
-                                offs_n, offs_d, n0, lo_b, hi_b, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    a_lo, a_hi, b_lo, b_hi = _full_queries(n0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dk, dv = _sparse_dkdv_range(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, lo_a, hi_a, a_lo, a_hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    dk, dv = _sparse_dkdv_range(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, lo_b, hi_b, b_lo, b_hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, PAD_D, IS_CAUSAL, DOT_PRECISION)
     in_range = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
     tl.store(DK + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd, (dk * scale).to(DK.dtype.element_ty),
              mask=in_range)
@@ -264,19 +344,20 @@ def _sparse_dkdv_kernel(
 
 @triton.jit
 def _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                     offs_m, offs_d, m0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
-                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                     offs_m, offs_d, lo, hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                     MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
-        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
-        # >>> STUDENT: step 06's recomputation: s = q @ k^T * qk_scale, p = exp2(s - lse2); where the tile is not full, p = 0 where not visible(...) or the key is >= N_K
+        # >>> STUDENT: the K and V tiles, loaded as in step 05's stages: only a MASKED stage can run past N_K
+        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, MASKED, PAD_D)
+        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, MASKED, PAD_D)
+        # <<< STUDENT
+        # >>> STUDENT: step 06's recomputation: s = q @ k^T * qk_scale, p = exp2(s - lse2); in a MASKED stage only, p = 0 where not visible(...) or the key is >= N_K
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])
-        full = _tile_full(m0, start_n, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-        if full == 0:
+        if MASKED:
             seen = visible(offs_m[:, None], offs_n[None, :], WINDOW, N_GLOBAL, IS_CAUSAL)
             p = tl.where(seen & (offs_n[None, :] < N_K), p, 0.0)
         # <<< STUDENT
@@ -285,6 +366,25 @@ def _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
         # <<< STUDENT
+    return dq
+
+
+@triton.jit
+def _sparse_dq_range(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                     offs_m, offs_d, lo, hi, f_lo, f_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The key tiles [lo, hi) in three stages: masked, the full ones [f_lo, f_hi) unmasked, masked."""
+    u_lo, u_hi = _unmasked_part(lo, hi, f_lo, f_hi, BLOCK_N)
+    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, lo, u_lo, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
+    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, u_lo, u_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
+    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, u_hi, hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
     return dq
 
 
@@ -323,12 +423,13 @@ def _sparse_dq_kernel(
     delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo_a, hi_a, lo_b, hi_b = _key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                          offs_m, offs_d, m0, lo_a, hi_a, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
-    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                          offs_m, offs_d, m0, lo_b, hi_b, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    a_hi, b_lo, b_hi = _full_keys(m0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dq = _sparse_dq_range(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, lo_a, hi_a, 0, a_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    dq = _sparse_dq_range(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, lo_b, hi_b, b_lo, b_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
     tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd, (dq * scale).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
 
@@ -378,9 +479,10 @@ def _sparse_dkdv_split_kernel(
     lo, hi, _, _ = _query_ranges(n0, N_Q, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)   # the whole column
     lo = tl.maximum(lo, pid_s * SPLIT)                   # SPLIT is a multiple of BLOCK_M: tiles stay aligned
     hi = tl.minimum(hi, pid_s * SPLIT + SPLIT)
-    dk, dv = _sparse_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
-                                offs_n, offs_d, n0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    a_lo, a_hi, _, _ = _full_queries(n0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dk, dv = _sparse_dkdv_range(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                                offs_n, offs_d, lo, hi, a_lo, a_hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
+                                HEAD_DIM, BLOCK_M, PAD_D, IS_CAUSAL, DOT_PRECISION)
     part = PART + ((pid_s * tl.num_programs(2) + bh).to(tl.int64) * ROWS) * HEAD_DIM
     where = part + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     in_range = (offs_n[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM)
@@ -425,9 +527,10 @@ def _sparse_dq_split_kernel(
     lo, hi, _, _ = _key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)     # the whole row
     lo = tl.maximum(lo, pid_s * SPLIT)                   # SPLIT is a multiple of BLOCK_N
     hi = tl.minimum(hi, pid_s * SPLIT + SPLIT)
-    dq = _sparse_dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
-                          offs_m, offs_d, m0, lo, hi, N_Q, N_K, WINDOW, N_GLOBAL, qk_scale,
-                          HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
+    a_hi, _, _ = _full_keys(m0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dq = _sparse_dq_range(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
+                          offs_m, offs_d, lo, hi, 0, a_hi, N_K, WINDOW, N_GLOBAL, qk_scale,
+                          HEAD_DIM, BLOCK_N, PAD_D, IS_CAUSAL, DOT_PRECISION)
     part = PART + ((pid_s * tl.num_programs(2) + bh).to(tl.int64) * ROWS) * HEAD_DIM
     tl.store(part + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq * scale,
              mask=(offs_m[:, None] < ROWS) & (offs_d[None, :] < HEAD_DIM))
@@ -439,7 +542,32 @@ def split_rows(device_type):
     return 1024 if device_type == "cuda" else 64
 
 
-# %% Launchers: the dense steps' tile tables ----------------------------------------------------
+# %% Launchers: the dense steps' tile tables, with what step 09 measured otherwise -----------------------
+
+def sparse_fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
+    """Step 05's forward table, except: on a GPU, 16-bit, D <= 64, its 8-warp tiles capped at 128
+    registers a thread (``maxnreg``), so that two programs share an SM. Uncapped, step 09's forward
+    takes 178 (one program per SM: its mask and its two ranges need more than step 05's). H200, B=1
+    H=16 bf16 causal, 16k-64k tokens, window 256-4096: 1.25-1.33x faster than uncapped, 0.88-1.11x
+    FlexAttention (bench/experiments/sparse_bwd_tiles.py; results/h200/sparse/README.md)."""
+    cfg = fwd_config(nq, nk, d, dtype, is_causal, device_type, bh)
+    if device_type == "cuda" and dtype != torch.float32 and _pow2_dim(d) <= 64 and cfg["num_warps"] == 8:
+        cfg = dict(cfg, maxnreg=128)
+    return cfg
+
+
+def sparse_bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
+    """Step 06's backward table, except on a GPU, 16-bit, D <= 64: dK/dV on 32x64 tiles, 4 warps, and dQ
+    capped at 128 registers. Step 06's causal dK/dV tiles (32x128, 8 warps, capped at 128) spill 56 bytes
+    a thread here, and uncapped they run one program per SM, 12-16% slower; 32x64 on 4 warps took the
+    dK/dV + dQ backward 1-14% under step 06's table, and the cap on dQ (two programs per SM instead of
+    one at 180 registers) about 6% (H200, the same run and shapes as ``sparse_fwd_config``)."""
+    cfg = bwd_config(nq, nk, d, dtype, is_causal, device_type, bh)
+    if device_type == "cuda" and dtype != torch.float32 and _pow2_dim(d) <= 64:
+        cfg = dict(cfg, dkdv=dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
+                   dq=dict(cfg["dq"], maxnreg=128) if cfg["dq"]["num_warps"] == 8 else cfg["dq"])
+    return cfg
+
 
 @direct_launches
 def forward(q, k, v, window, n_global, is_causal, scale):
@@ -451,7 +579,7 @@ def forward(q, k, v, window, n_global, is_causal, scale):
     o = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     o4 = as_bhnd(o)
-    cfg = fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
+    cfg = sparse_fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
     kernel = configured(_sparse_fwd_kernel, cfg)
     wrap_triton(kernel)[(triton.cdiv(nq, cfg["BLOCK_M"]), B * H)](
         q4, k4, v4, o4, lse, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride(),
@@ -478,7 +606,7 @@ def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale, split=None
     lse = lse.reshape(B * H, nq).contiguous()     # the kernels index it as (B*H, nq), row stride nq: a row slice of a longer LSE (the ring passes lse[..., rows]) is a view with another stride
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dq4, dk4, dv4 = as_bhnd(dq), as_bhnd(dk), as_bhnd(dv)
-    cfg = bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
+    cfg = sparse_bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
     split = split_rows(q.device.type) if split is None else split
     c = cfg["dkdv"]
     n_tiles = triton.cdiv(nk, c["BLOCK_N"])

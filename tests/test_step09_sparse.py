@@ -17,6 +17,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported; conftest does the same
 
 import pytest  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from attnlib import make_dout, make_qkv  # noqa: E402
 from attnlib.checks import check_attention  # noqa: E402
@@ -140,3 +142,101 @@ def test_tiles_that_see_everything_split_or_not(load, is_causal):
         for gname, t, ref, rows in zip(("dQ", "dK", "dV"), got, refs, ("query rows", "key rows", "key rows")):
             assert_close(t, ref, name=gname, row_label=rows, context=f"split={split}, n_global={g}, "
                          f"{'causal' if is_causal else 'full'}")
+
+
+# --- The tile schedule: which tiles run unmasked -----------------------------------------------------------
+
+S9 = None        # the step under test, for the probe kernel below (set before each launch)
+
+
+@triton.jit
+def _schedule_probe(OUT, ROWS, NQ, NK, WIN, GLOB, TILE,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, R: tl.constexpr):
+    """For each of ROWS rows (a shape, window, n_global and tile index t; the helpers are elementwise, so
+    all at once): what the kernels compute for query tile t (forward, dQ) and key tile t (dK/dV), the two
+    ranges, then the unmasked stage of each. OUT is (16, R) int32."""
+    r = tl.arange(0, R)
+    ok = r < ROWS
+    N_Q = tl.load(NQ + r, mask=ok, other=1)
+    N_K = tl.load(NK + r, mask=ok, other=1)
+    WINDOW = tl.load(WIN + r, mask=ok, other=1)
+    N_GLOBAL = tl.load(GLOB + r, mask=ok, other=0)
+    t = tl.load(TILE + r, mask=ok, other=0)
+    zero = t * 0                                          # a constant 0 as a tensor of R
+    m0 = t * BLOCK_M
+    lo_a, hi_a, lo_b, hi_b = S9._key_ranges(m0, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    a_hi, b_lo, b_hi = S9._full_keys(m0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    ua_lo, ua_hi = S9._unmasked_part(lo_a + zero, hi_a, zero, a_hi, BLOCK_N)
+    ub_lo, ub_hi = S9._unmasked_part(lo_b, hi_b, b_lo, b_hi, BLOCK_N)
+    tl.store(OUT + 0 * R + r, lo_a + zero)
+    tl.store(OUT + 1 * R + r, hi_a + zero)
+    tl.store(OUT + 2 * R + r, lo_b + zero)
+    tl.store(OUT + 3 * R + r, hi_b + zero)
+    tl.store(OUT + 4 * R + r, ua_lo)
+    tl.store(OUT + 5 * R + r, ua_hi)
+    tl.store(OUT + 6 * R + r, ub_lo)
+    tl.store(OUT + 7 * R + r, ub_hi)
+    n0 = t * BLOCK_N
+    lo_a, hi_a, lo_b, hi_b = S9._query_ranges(n0, N_Q, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    a_lo, a_hi, b_lo, b_hi = S9._full_queries(n0, N_Q, N_K, WINDOW, N_GLOBAL, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    ua_lo, ua_hi = S9._unmasked_part(lo_a + zero, hi_a + zero, a_lo + zero, a_hi, BLOCK_M)
+    ub_lo, ub_hi = S9._unmasked_part(lo_b, hi_b, b_lo, b_hi, BLOCK_M)
+    tl.store(OUT + 8 * R + r, lo_a + zero)
+    tl.store(OUT + 9 * R + r, hi_a + zero)
+    tl.store(OUT + 10 * R + r, lo_b + zero)
+    tl.store(OUT + 11 * R + r, hi_b + zero)
+    tl.store(OUT + 12 * R + r, ua_lo)
+    tl.store(OUT + 13 * R + r, ua_hi)
+    tl.store(OUT + 14 * R + r, ub_lo)
+    tl.store(OUT + 15 * R + r, ub_hi)
+
+
+# Lengths, windows and global counts on and next to multiples of the tiles (16, 32): a bound off by one
+# changes which tiles run unmasked only where it meets a tile's edge.
+SHAPES = ((127, 127), (131, 131), (100, 64), (64, 100))
+WINDOWS = (1, 5, 15, 16, 17, 31, 32, 33, 70)
+GLOBALS = (0, 3, 15, 16, 17, 33)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("bm, bn", [(32, 16), (16, 32)], ids=["32x16", "16x32"])
+def test_tiles_run_unmasked_are_full_and_every_full_window_tile_is(load, bm, bn, is_causal):
+    """The kernels walk each range of tiles masked / unmasked / masked (``_full_keys``, ``_full_queries``,
+    ``_unmasked_part``). A tile run unmasked must be inside both lengths and visible in every pair, or
+    the output takes in keys it must not see; and among the window's tiles (range b) every full tile is
+    run unmasked, or the interior pays for the mask. Checked against the explicit mask, tile by tile, over
+    windows narrower and wider than the tiles, global tokens inside one tile and across several, Nq != Nk."""
+    global S9
+    S9 = load(9)
+    cases = [(nq, nk, w, g) for nq, nk in SHAPES for w in WINDOWS for g in GLOBALS if g <= nk]
+    rows = [(c, t) for c in cases for t in range(max(triton.cdiv(c[0], bm), triton.cdiv(c[1], bn)))]
+    R = triton.next_power_of_2(len(rows))
+    cols = [torch.tensor([c[i] for c, _ in rows] if i < 4 else [t for _, t in rows], dtype=torch.int32,
+                         device=DEVICE) for i in range(5)]
+    out = torch.zeros(16, R, dtype=torch.int32, device=DEVICE)
+    _schedule_probe[(1,)](out, len(rows), *cols, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=is_causal, R=R)
+    out = out.T.cpu().tolist()
+    masks = {c: S9.mask(c[0], c[1], c[2], c[3], is_causal) for c in cases}
+    for row, ((nq, nk, w, g), t) in enumerate(rows):
+        m = masks[(nq, nk, w, g)]
+        where = f"Nq={nq} Nk={nk} window={w} n_global={g} tiles {bm}x{bn} {'causal' if is_causal else 'full'}"
+
+        def full(m0, n0):
+            return m0 + bm <= nq and n0 + bn <= nk and bool(m[m0:m0 + bm, n0:n0 + bn].all())
+
+        for kind, tile0, step, first, is_fwd in (("query", t * bm, bn, 0, True), ("key", t * bn, bm, 8, False)):
+            if tile0 >= (nq if is_fwd else nk):
+                continue
+            lo_a, hi_a, lo_b, hi_b, ua_lo, ua_hi, ub_lo, ub_hi = out[row][first:first + 8]
+            for lo, hi, u_lo, u_hi, rng in ((lo_a, hi_a, ua_lo, ua_hi, "a"), (lo_b, hi_b, ub_lo, ub_hi, "b")):
+                assert lo <= u_lo <= u_hi <= max(hi, lo), (f"{where}, {kind} tile {tile0}, range {rng}: stages "
+                                                           f"[{lo}, {u_lo}) [{u_lo}, {u_hi}) [{u_hi}, {hi}) out of order")
+                for s0 in range(lo, hi, step):
+                    pair = (tile0, s0) if is_fwd else (s0, tile0)
+                    if u_lo <= s0 < u_hi:
+                        assert full(*pair), (f"{where}: {kind} tile {tile0} runs tile {s0} of range {rng} "
+                                             f"unmasked, but not every pair there is visible and in range")
+                    elif rng == "b":
+                        assert not full(*pair), (f"{where}: {kind} tile {tile0} runs tile {s0} of range b "
+                                                 "masked, though every pair there is visible: a bound of "
+                                                 "_full_keys / _full_queries is too tight")
