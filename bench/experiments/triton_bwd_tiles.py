@@ -17,7 +17,17 @@ Which pays on the H200? Each variant's gradients are checked against the table's
 (the same maths on other tiles: max |diff| <= 2e-2 in bf16), then the backward is timed (do_bench,
 median), beside the forward and SDPA's cuDNN and FLASH backends (forward + backward) in the same run.
 
-Answer: not run yet (this session's device time ran out; the compile report is above).
+Answer (H200, 2026-12-01, main at f9d30fa; results/h200/triton/bwd_tiles.json, bwd_tiles.log). Every
+variant's gradients equal the table's (max |diff| 0):
+
+  * step 06 at D = 128: **no**. The table's 64x128 tiles (one program per SM, spilling) stay fastest at
+    every shape: backward 2.18 / 3.62 / 7.67 / 14.51 ms (B=4 N=4k causal, not; B=1 N=16k causal, not)
+    against 2.22 / 4.18 / 8.00 / 16.31 on 32x64 tiles, 4 warps, and 2.45 / 3.96 / 8.58 / 15.71 on
+    32x128, 8 warps. Two programs per SM do not pay for tiles that read K/V's partner rows twice as often;
+    the gap to cuDNN at D = 128 (0.71-0.77x forward + backward here) is not occupancy of this kind.
+  * step 08's dQ: **yes, a little**. On the 16k-token ragged batch (D = 64): backward 1.142 / 1.742 ms
+    (causal / not) with the table, 1.061 / 1.677 capped at 128 registers, **1.043 / 1.659 on 64x64 tiles,
+    4 warps**: 5-9%. Step 08 now takes 64x64 on 4 warps for its dQ at D <= 64 in 16 bits on a GPU.
 
 Kernels: the steps' own (solutions/, through attnlib.loader); only the tile table is replaced, through
 ``backward(..., config=)`` for step 06 and ``bwd_config`` in step 08's module for step 08.
