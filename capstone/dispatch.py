@@ -72,16 +72,26 @@ def _math(q, k, v, is_causal, scale):
 
 
 def _step(n, backend=None):
-    """A baseline from the chosen folder's own steps: step 01 (naive) or step 03 (SDPA, a backend forced)."""
+    """A baseline from the chosen folder's own steps: step 01 (naive) or step 03 (SDPA, a backend forced).
+
+    ``_step(n)(code)`` imports the step when the baseline is chosen (eagerly) and returns a function that
+    only calls it: importing inside the call put ``load_step``'s file checks (``os.lstat``) in every traced
+    graph, and ``torch.compile(fullgraph=True)`` of a model on a baseline failed with "Attempted to call
+    function marked as skipped" (H200, bench/capstone_gpu.py part d, 2026-12-01).
+    """
     forced = {} if backend is None else {"backend": backend}
 
-    def f(q, k, v, is_causal, scale):
-        return load_step(n, _code(None)).attention(q, k, v, is_causal=is_causal, scale=scale, **forced)
-    return f
+    def make(code):
+        attention = load_step(n, _code(code)).attention
+
+        def f(q, k, v, is_causal, scale):
+            return attention(q, k, v, is_causal=is_causal, scale=scale, **forced)
+        return f
+    return make
 
 
 # Not in `auto`'s order: what the course's kernels are measured against (python -m capstone train --attn ...),
-# through the student's own steps 01 and 03.
+# through the student's own steps 01 and 03. Each maps a folder (``code``) to fn(q, k, v, is_causal, scale).
 BASELINES = {"sdpa-flash": _step(3, "flash"), "sdpa-cudnn": _step(3, "cudnn"), "sdpa": _step(3), "naive": _step(1)}
 
 
@@ -159,7 +169,7 @@ def choose(q, k, v, is_causal=False, impl="auto", code=None) -> Choice:
     if key in _CHOICES:
         return _CHOICES[key]
     if impl in BASELINES:
-        _CHOICES[key] = Choice(impl, BASELINES[impl])
+        _CHOICES[key] = Choice(impl, BASELINES[impl](code))
         return _CHOICES[key]
     if torch.compiler.is_compiling():
         raise RuntimeError("capstone attention: no decision cached for these inputs; run the model (or "

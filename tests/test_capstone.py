@@ -115,3 +115,19 @@ def test_compiled_model_with_step06_trains_like_sdpa(dtype):
     assert ours["chose"] == "step06"
     worst = max(abs(a - b) for a, b in zip(ours["losses"], ref["losses"]))
     assert worst < 0.05, f"step 06's loss curve leaves SDPA's by {worst:.3f}: {ours['losses']} vs {ref['losses']}"
+
+
+@pytest.mark.step03
+@pytest.mark.parametrize("baseline", ["sdpa", "naive"])
+def test_baselines_compile_fullgraph(baseline):
+    """A model on a baseline (what step 06 is timed against) compiles whole, as with the course's kernels.
+
+    The baselines used to import their step inside the call: ``torch.compile(fullgraph=True)`` then
+    traced ``load_step``'s ``os.lstat`` and stopped ("Attempted to call function marked as skipped").
+    """
+    q, k, v = make_qkv(1, 2, 16, 16, 8, dtype=torch.float32)
+    f = lambda q, k, v: dispatch.attention(q, k, v, is_causal=True, impl=baseline)   # noqa: E731
+    want = f(q, k, v)                                                 # decided eagerly, as the model does
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="eager")(q, k, v)
+    torch.testing.assert_close(got, want)
