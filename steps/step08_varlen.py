@@ -215,7 +215,7 @@ def backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     # D = rowsum(dO * O) per (head, token), (H, total_q) like the LSE: one fused reduction.
     delta = (do.float() * o.float()).sum(-1).t().contiguous()
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    cfg = bwd_config(max_seqlen_q, max_seqlen_k, d, q.dtype, is_causal, q.device.type, batch * H)
+    cfg = varlen_bwd_config(max_seqlen_q, max_seqlen_k, d, q.dtype, is_causal, q.device.type, batch * H)
     c = cfg["dkdv"]
     dkdv = configured(_varlen_dkdv_kernel, c)
     wrap_triton(dkdv)[(triton.cdiv(max(max_seqlen_k, 1), c["BLOCK_N"]), batch * H_kv)](
@@ -231,6 +231,20 @@ def backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         H, group, total_q, scale, scale * LOG2E,
         HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
     return dq, dk, dv
+
+
+# Step 06's dQ tile at D <= 64 in 16 bits on a GPU (128x64, 8 warps) fits step 06's dQ kernel in 128
+# registers, two programs per SM; step 08's, which also finds its sequence and its K/V head, takes 136-139
+# and runs alone. 64x64 on 4 warps: backward 1.142 -> 1.043 ms causal, 1.742 -> 1.659 not, on a 16k-token
+# ragged batch (H200, bf16; bench/experiments/triton_bwd_tiles.py, results/h200/triton/bwd_tiles.json).
+_STEP06_DQ_D64 = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+_VARLEN_DQ_D64 = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+
+
+def varlen_bwd_config(nq, nk, d, dtype, is_causal, device_type, bh):
+    """Step 06's backward table, with step 08's own dQ tile where step 06's does not fit its dQ kernel."""
+    cfg = bwd_config(nq, nk, d, dtype, is_causal, device_type, bh)
+    return dict(cfg, dq=dict(_VARLEN_DQ_D64)) if cfg["dq"] == _STEP06_DQ_D64 else cfg
 
 
 # %% Input checks, the operators, autograd and the public API ------------------------------
