@@ -159,10 +159,19 @@ def run_cli(*args, timeout=420):
     return proc.stdout, time.monotonic() - t0
 
 
+# The whole class's grade from cold compile caches: on a CPU about 2 minutes; on an H200 beside the rest
+# of `make gpu-check` 5-6 minutes (Triton and nvcc compile every kernel each step runs; 330 s for the
+# grader's own run there with 4 jobs, 2026-12-01), past pytest-timeout's 300 s default. Its own limit
+# is that of the grader's command below, and 4 jobs where the cores are there.
+FULL_GRADE_S = 470
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(FULL_GRADE_S + 30)
 def test_solutions_score_full_marks(tmp_path):
+    jobs = 4 if (os.cpu_count() or 1) >= 8 else 2
     out, secs = run_cli("--impl", "solutions", "--hidden", str(FIX / "hidden"), "--out", str(tmp_path),
-                        "--cache", str(tmp_path / "cache"), "--jobs", "2", "--quiet")
+                        "--cache", str(tmp_path / "cache"), "--jobs", str(jobs), "--quiet", timeout=FULL_GRADE_S)
     print(out, f"\n{secs:.0f} s")
     res = json.loads((tmp_path / "results.json").read_text())
     steps = res["extra_data"]["steps"]
