@@ -10,8 +10,8 @@ or spill where another tile or a register cap would not:
     backward, issue 17's table);
   * step 08's dQ kernel at D = 64 (step 06's 128x64 tiles, 8 warps): 136-139 registers, one program per
     SM, where step 06's own dQ kernel fits in 128 (two). Capped at 128 (``maxnreg``) it compiles with
-    no spill. Step 09's dQ, the same situation, ran about 6% faster capped (branch sparse-stages,
-    bench/experiments/sparse_bwd_tiles.py there).
+    no spill. Step 09's dQ, the same situation, ran about 6% faster capped
+    (bench/experiments/sparse_bwd_tiles.py).
 
 Which pays on the H200? Each variant's gradients are checked against the table's on the timed inputs
 (the same maths on other tiles: max |diff| <= 2e-2 in bf16), then the backward is timed (do_bench,
