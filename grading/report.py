@@ -231,7 +231,8 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
            "output_format": "md",
            "stdout_visibility": "hidden", "tests": tests,
            "extra_data": {"max_points": g.max_points, "gpu": g.has_gpu,
-                          "steps": {s.module: {"points": s.points, "max": s.max_points, "status": s.status}
+                          "steps": {s.module: {"points": s.points, "max": s.max_points, "status": s.status,
+                                                     "seconds": round(s.seconds, 1)}
                                     for s in g.steps}}}
     lb = [e for s in g.steps for e in s.leaderboard]
     if lb:
@@ -314,6 +315,7 @@ def summary(g: Grade) -> dict:
     """Compact, for the batch gradebook."""
     return {"impl": g.impl, "points": g.points, "max": g.max_points, "seconds": round(g.seconds, 1),
             "steps": {f"{s.step:02d}": {"points": s.points, "max": s.max_points, "status": s.status,
+                                        "seconds": round(s.seconds, 1),
                                         "message": step_message(s).splitlines()[0][:300] if s.message else ""}
                       for s in g.steps}}
 

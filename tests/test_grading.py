@@ -180,6 +180,7 @@ def test_solutions_score_full_marks(tmp_path):
     for n in graded:
         st = steps[STEPS[n][0]]
         assert st["status"] == "passed" and st["points"] == st["max"] > 0, f"step {n:02d}: {st}\n{out}"
+        assert 0 < st["seconds"] < FULL_GRADE_S, f"step {n:02d}: its wall time is not recorded: {st}"
     assert res["score"] == pytest.approx(res["extra_data"]["max_points"])
     # Gradescope's format: every test has a name, a score out of max_score, an output and a visibility.
     for t in res["tests"]:
