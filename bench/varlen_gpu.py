@@ -9,6 +9,8 @@ H = 16, D = 64, bf16, causal, forward + backward (do_bench median), three ways:
   padded      SDPA's FLASH backend on the batch padded to its longest sequence (causal top-left:
               a real query never sees a pad key, so the real rows are exact; the pads cost time)
   dense       step 06 on a dense batch of the same token count, N = 2048: the ceiling of the kernels
+  varlen_uniform  step 08 on that dense batch packed (8 sequences of 2048): what finding a sequence
+              costs the kernels, without the ragged schedule; and every row's forward alone
 
 Checked before timing: step 08's output on every real row against the padded SDPA's. FLOPs are
 FlashAttention's count per sequence (4 n^2 D H, halved for causal; backward 2.5x), so TFLOP/s of
@@ -98,6 +100,28 @@ def main():
         ms = float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median"))
         rows[name] = {"ms": round(ms, 4), "useful_tflops": round(flops[name] / ms / 1e9, 1)}
         print(name, rows[name], flush=True)
+    # Where the gap to dense goes: step 08 on the dense batch's own lengths (packed, 8 x 2048: the kernels'
+    # cost of finding a sequence, GQA's indexing, none of the schedule's), and each row's forward alone.
+    nu = [N] * (total // N)
+    cuu = torch.tensor([0] + torch.tensor(nu).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    qu, ku, vu = (t.detach().transpose(1, 2).reshape(-1, H, D).contiguous().requires_grad_(True) for t in (qd, kd, vd))
+    dou = dod.transpose(1, 2).reshape(-1, H, D).contiguous()
+
+    def uniform():
+        s8.attention_varlen(qu, ku, vu, cuu, cuu, N, N, is_causal=True).backward(dou)
+
+    ms = float(triton.testing.do_bench(uniform, warmup=50, rep=300, return_mode="median"))
+    rows["varlen_uniform"] = {"ms": round(ms, 4), "useful_tflops": round(flops["dense"] / ms / 1e9, 1),
+                              "what": f"step 08 on {len(nu)} packed sequences of {N}: the dense row's batch"}
+    print("varlen_uniform", rows["varlen_uniform"], flush=True)
+    fwd = {"varlen": lambda: s8.attention_varlen(q, k, v, cu, cu, nmax, nmax, is_causal=True),
+           "varlen_uniform": lambda: s8.attention_varlen(qu, ku, vu, cuu, cuu, N, N, is_causal=True),
+           "dense": lambda: s6.attention(qd, kd, vd, is_causal=True)}
+    rows["forward_ms"] = {}
+    with torch.no_grad():
+        for name, fn in fwd.items():
+            rows["forward_ms"][name] = round(float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")), 4)
+    print("forward only, ms:", rows["forward_ms"], flush=True)
     rows["varlen_vs_padded_speedup"] = round(rows["padded"]["ms"] / rows["varlen"]["ms"], 3)
     rows["varlen_vs_dense_tflops"] = round(rows["varlen"]["useful_tflops"] / rows["dense"]["useful_tflops"], 3)
     print({k: rows[k] for k in ("varlen_vs_padded_speedup", "varlen_vs_dense_tflops")})
