@@ -146,6 +146,9 @@ def test_no_padding_is_touched(load):
     (lambda a: dict(a, max_seqlen_q=3), "max_seqlen_q=3"),
     (lambda a: dict(a, k=a["k"][:, :1].repeat(1, 3, 1), v=a["v"][:, :1].repeat(1, 3, 1)), "multiple of the K/V heads"),
     (lambda a: dict(a, q=a["q"][None]), "packed"),
+    (lambda a: dict(a, q=a["q"][:-1]), "end at the 59 rows of q"),
+    (lambda a: dict(a, cu_seqlens_k=torch.tensor([0, 40, 40, 52], dtype=torch.int32, device=DEVICE)),
+     "sequence 1 has 40 queries and no key"),
 ])
 def test_bad_input_raises(load, bad, match):
     step = load(8)
@@ -169,3 +172,23 @@ def test_dq_tile_is_step08s_own_where_step06s_runs_one_program_per_sm(load):
     for args in ((4096, 4096, 128, torch.bfloat16, True, "cuda", 16), (64, 64, 64, torch.float32, True, "cuda", 1),
                  (64, 64, 64, torch.bfloat16, True, "cpu", 1)):
         assert s8.varlen_bwd_config(*args) == s6.bwd_config(*args), args
+
+
+def test_cu_seqlens_are_read_once_per_tensor_and_again_after_a_write(load, monkeypatch):
+    """Reading cu_seqlens is a device sync; a model's layers pass the same tensors, so their values are
+    checked once, and again only when the tensors change (in place: the version counter) or are new."""
+    step = load(8)
+    calls = []
+    real = step._check_values
+    monkeypatch.setattr(step, "_check_values", lambda *a: (calls.append(1), real(*a))[1])
+    q, k, v, cu_q, cu_k, mq, mk = packed("nq-ne-nk", torch.float32)
+    for _ in range(3):
+        step.attention_varlen(q, k, v, cu_q, cu_k, mq, mk)
+    assert len(calls) == 1, f"the same cu_seqlens were read {len(calls)} times"
+    step.attention_varlen(q, k, v, cu_q.clone(), cu_k, mq, mk)                 # a new tensor: read
+    assert len(calls) == 2
+    cu_k[2] = cu_k[1]                                                          # in place: sequence 1 loses its keys
+    with pytest.raises(ValueError, match="no key to attend to"):
+        step.attention_varlen(q, k, v, cu_q, cu_k, mq, mk)
+    step.attention(q[None, :17].transpose(1, 2), k[None, :40].transpose(1, 2), v[None, :40].transpose(1, 2))
+    assert len(calls) == 3, "the dense contract builds its own cu_seqlens: nothing to read back"
