@@ -143,8 +143,27 @@ if path.exists():
         print(f"{name:8s} {run['rows'][name]['ms']:7.3f} ms  {run['rows'][name]['useful_tflops']:6.1f} useful TFLOP/s")
     print("packed vs padded:", run["rows"]["varlen_vs_padded_speedup"], "x; packed TFLOP/s vs dense:",
           run["rows"]["varlen_vs_dense_tflops"])
+    if "varlen_uniform" in run["rows"]:
+        print(f"step 08 on the dense batch, packed: {run['rows']['varlen_uniform']['ms']:.3f} ms;",
+              "forward alone, ms:", run["rows"]["forward_ms"])
 else:
     print("no H200 run committed yet: python bench/varlen_gpu.py --out results/h200/varlen")
+
+# %% [markdown]
+# ### A sync per call
+#
+# The row `varlen_uniform` runs step 08 on exactly the dense row's work (8 sequences of 2048,
+# packed). In the run at 4cbe841 (2026-12-01), its forward took **0.42 ms against dense step 06's 0.21** on the
+# H200, with the same tiles and the same compiled code (same registers, same loop, checked by
+# compiling both for sm_90). The difference was on the host: checking the values of `cu_seqlens`
+# read them back with `.tolist()`, and each read is a **device synchronization**. The host then
+# waits for the GPU at every call, and cannot queue the next launches while the kernels run: every
+# microsecond of Python between calls becomes idle GPU time. This is why FlashAttention's
+# `flash_attn_varlen_func` takes `max_seqlen` as a Python int instead of computing it from
+# `cu_seqlens`. Step 08 now reads the values once per pair of tensors (one sync for all the checks),
+# remembers the check while the same tensors come back unchanged (a model's layers and the backward
+# pass the same ones), and never reads back offsets it built itself. `torch.cuda.set_sync_debug_mode("warn")`
+# finds such syncs in your own code.
 
 # %% [markdown]
 # ## References
