@@ -121,11 +121,19 @@ class Guards:
         Python-level hooks (a ``TorchFunctionMode``, a ``TorchDispatchMode``) are switched off by
         ``torch._C.DisableTorchFunction()`` and ``torch._C._DisableTorchDispatch()``; a kernel
         registered at the dispatcher is what the operator *is* in this process, whatever the caller
-        disables. (Python still reaches the registration: ``grading/README.md`` says what is left.)
+        disables.
+
+        A registration lasts as long as its handle. A ``torch.library.Library`` is a Python object any
+        code can find (``gc.get_objects()``) and destroy, which brings the original kernels back
+        (``hostile/sdpa_library_destroyed``: 7/10 that way). So the handle is the dispatcher's own
+        (``torch._C._dispatch_library``), which the garbage collector does not track, and it is leaked
+        on purpose: no Python object refers to it, nothing can destroy it, and it lives until the worker
+        exits. A registration the submission adds on top of it only hides it until that one is destroyed.
         """
+        import ctypes
         import warnings
         guards = self
-        self._sdpa_lib = torch.library.Library("aten", "IMPL")
+        lib = torch._C._dispatch_library("IMPL", "aten", "", __file__, 0)
 
         def blocker(op):
             def blocked(*args, **kwargs):
@@ -142,7 +150,9 @@ class Guards:
             for name in names:
                 for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CPU", "CUDA"):
                     if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
-                        self._sdpa_lib.impl(name, blocker(name.split(".")[0]), key)
+                        lib.impl(name, key, blocker(name.split(".")[0]), False)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(lib))     # never released: see above
+        del lib
         self.sdpa_blocked = True
 
     def _wrap_triton(self):

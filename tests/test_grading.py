@@ -85,6 +85,10 @@ HOSTILE = {
     # Issue 14, hole 4: SDPA with the Python-level hooks off; blocked at the dispatcher (9/10 before).
     "sdpa_modes_off": ([4], {4: (0.0, "rule broken")},
                        ["F.scaled_dot_product_attention ran", "the grader blocks aten::scaled_dot_product_attention"], {}),
+    # The blocker's registration destroyed through gc (every torch.library.Library found and destroyed):
+    # 7/10 while the blocker was a Library object; its handle is now leaked and untracked.
+    "sdpa_library_destroyed": ([4], {4: (0.0, "rule broken")},
+                               ["F.scaled_dot_product_attention ran", "the grader blocks aten::scaled_dot_product_attention"], {}),
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
     # Issue 14, hole 3 (rest): a decoy compiled inside attention on every call, attention run eagerly (6/6 when
     # the rule counted only the graphs compiled during the calls): the profiler sees score-sized ops outside
