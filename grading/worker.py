@@ -255,6 +255,16 @@ class Guards:
     # mask around them are what Inductor always fuses into its own kernels.
     _MATMUL = {"aten::" + n for n in ("mm", "bmm", "matmul", "baddbmm", "addmm", "addbmm", "_unsafe_view")}
 
+    # Operator namespaces whose ops are PyTorch's own: any other "ns::op" above an attention-sized aten op
+    # is an operator the submission registered, opaque to Inductor.
+    _OWN_NAMESPACES = ("aten", "prims", "autograd", "inductor", "profiler", "c10d", "_c10d_functional",
+                       "torch", "higher_order", "quantized", "rngprims")
+
+    @classmethod
+    def _opaque_op(cls, name: str) -> bool:
+        ns, sep, op = name.partition("::")
+        return bool(sep) and ns.isidentifier() and op[:1].isidentifier() and ns not in cls._OWN_NAMESPACES
+
     def _count_eager(self, prof):
         try:
             events = prof.events()
@@ -266,16 +276,24 @@ class Guards:
             shapes = [s for s in (e.input_shapes or []) if isinstance(s, (list, tuple)) and s]
             if not shapes or max(math.prod(s) for s in shapes) < self.score_numel:
                 continue
-            p, inside = e.cpu_parent, False
+            p, inside, opaque = e.cpu_parent, False, None
             while p is not None:
                 if "CompiledFxGraph" in p.name or "(dynamo_timed)" in p.name:
                     inside = True
                     break
+                if opaque is None and self._opaque_op(p.name):
+                    opaque = p.name
                 p = p.cpu_parent
+            if inside and opaque:
+                # Inside the compiled graph, but under an operator Inductor cannot look into: a custom op
+                # whose body is eager PyTorch, called from the graph as an extern kernel
+                # (hostile/compile_opaque_op). Nothing was generated for that attention.
+                inside = False
             if not inside:
                 self.counts["eager_attention_ops"] += 1
                 if not self.eager_desc:
-                    self.eager_desc = f"{e.name} on {list(max(shapes, key=math.prod))}"[:120]
+                    where = f" inside {opaque}, an operator Inductor cannot look into" if opaque else ""
+                    self.eager_desc = f"{e.name} on {list(max(shapes, key=math.prod))}{where}"[:160]
 
     @staticmethod
     def _dynamo_graphs() -> int:

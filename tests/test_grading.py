@@ -90,6 +90,11 @@ HOSTILE = {
     "sdpa_library_destroyed": ([4], {4: (0.0, "rule broken")},
                                ["F.scaled_dot_product_attention ran", "the grader blocks aten::scaled_dot_product_attention"], {}),
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
+    # Attention in a custom op inside the compiled graph (Inductor calls it as an extern kernel), warmed up at
+    # import, a fresh one-line graph compiled in each call: its ops run under "## Call CompiledFxGraph ##".
+    # (Caught in the grader's calls that recompile before the opaque-op check; in steady state only since it:
+    # test_compiled_rule_sees_attention_in_an_opaque_op_in_steady_state.)
+    "compile_opaque_op": ([2], {2: (0.0, "rule broken")}, ["but the attention itself ran eagerly"], {}),
     # Issue 14, hole 3 (rest): a decoy compiled inside attention on every call, attention run eagerly (6/6 when
     # the rule counted only the graphs compiled during the calls): the profiler sees score-sized ops outside
     # Inductor's code.
@@ -810,3 +815,30 @@ def test_ring_gradients_get_the_large_score_allowance_and_no_more():
     got["dq"] = got["dq"] + 1.5 * extra
     fails = rank_failures(got, 0, 2, case, inputs, ref_lse, refs, allowance=allowance)
     assert [f[0] for f in fails] == ["dQ"] and "large scores (q x 100)" in fails[0][2], fails
+
+
+def test_compiled_rule_sees_attention_in_an_opaque_op_in_steady_state():
+    """``compiled``: attention hidden in a custom op inside the compiled graph, the graph warm (no recompile
+    in the watched call: the ops sit under "## Call CompiledFxGraph ##"), counts as eager; the solution's
+    compiled naive attention, warm too, counts nothing. The rule's own look, without a worker."""
+    import importlib.util
+    from grading.worker import Guards
+    from attnlib.loader import load_step
+
+    spec = importlib.util.spec_from_file_location(
+        "hostile_compile_opaque_op", FIX / "hostile" / "compile_opaque_op" / "step02_compile.py")
+    cheat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cheat)                                  # compiles and warms up at import
+    honest = load_step(2, "solutions")
+    q, k, v = (torch.randn(1, 2, 17, 8), torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8))
+    for name, fn in (("cheat", cheat.attention), ("solution", honest.attention)):
+        fn(q, k, v, True)                                           # the watched call below recompiles nothing
+        g = Guards(["compiled"])
+        g.score_numel = 2 * 17 * 40
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            fn(q, k, v, True)
+        g._count_eager(prof)
+        if name == "cheat":
+            assert g.counts["eager_attention_ops"] > 0 and "inside hostile::attn" in g.eager_desc, g.eager_desc
+        else:
+            assert g.counts["eager_attention_ops"] == 0, g.eager_desc
