@@ -21,7 +21,7 @@ from attnlib.contract import causal_mask
 from attnlib.diagnose import _distance, likely_bug
 from attnlib.reference import reference_attention, reference_backward
 
-from .spec import CAPSTONE_ATOL, LARGE_SCORE_DRIFT_MULTIPLE, NXN_FRACTION, SDPA_OPS, Check, Item, sparse_mask
+from .spec import CAPSTONE_ATOL, LARGE_SCORE_DRIFT_MULTIPLE, NXN_FRACTION, RSS_SLACK_MB, SDPA_OPS, Check, Item, sparse_mask
 
 # Statuses of one check
 PASSED, FAILED, NOT_IMPLEMENTED, ERROR, LOST, SKIPPED = (
@@ -712,6 +712,15 @@ def evaluate_rules(rules, items: list[Item], records: dict, ran_ok: set,
                     bad, msg = True, (f"the Nq = Nk = {n} probe of the N x N rule did not run"
                                       + (f" ({err.get('type')}: {err.get('message', '')[:200]})" if err else "")
                                       + ": the rule cannot be checked, so it counts as broken")
+                    break
+                out_ = rec.get("outside") or {}
+                grew = out_.get("rss_peak_mb", 0.0) - out_.get("rss_start_mb", 0.0)
+                if headroom and not it.extra.get("gpu") and grew > headroom + RSS_SLACK_MB:
+                    bad, msg = True, (f"at Nq = Nk = {n} ({'causal' if it.is_causal else 'full'}), the worker's "
+                                      f"resident memory rose {grew:.0f} MiB during the call (measured by the grader "
+                                      f"from outside), past the {headroom} MiB it was given (the cap was lifted?): "
+                                      "an Nq x Nk tensor, or Nq x Nk worth of smaller ones kept alive. Keep only "
+                                      "the running max, sum and accumulator")
                     break
                 peak = rec.get("meta", {}).get("gpu_peak_mb")
                 if headroom and peak is not None and peak > headroom:

@@ -249,6 +249,10 @@ class WorkerRun:
     stderr_tail: str = ""
     rejected: str | None = None
     tampered: list = field(default_factory=list)
+    # item index -> (MiB at the moment it was sent, the highest seen while it was in flight): the resident
+    # memory of the worker's whole process tree, read by the grader from /proc, which the worker cannot
+    # change (a memory probe's soft address-space cap it can lift: grading/README.md)
+    item_rss: dict = field(default_factory=dict)
 
 
 BOOT = """\
@@ -442,9 +446,14 @@ class _Channel:
         self.items, self.out, self.run = items, out, run
         self.items_w, self.ack_r = items_w, ack_r
         self.pending = b""
+        self.rss = None                    # () -> the worker tree's resident MiB, set by _watch
         self.expect: str | None = "I"      # the acknowledgement that moves things on
         self.partial = b""
         os.set_blocking(items_w, False)
+
+    def is_probe(self, i: int) -> bool:
+        """Item ``i`` is a memory probe: a call given a cap of ``headroom_mb`` above what the worker held."""
+        return bool(getattr(self.items[i], "extra", {}).get("headroom_mb"))
 
     def wanted(self):
         r = [self.ack_r] if self.ack_r is not None else []
@@ -493,6 +502,9 @@ class _Channel:
             self.pending = _frame(self.items[run.sent])
             self.expect = str(run.sent)
             run.in_flight = run.sent
+            if self.rss is not None:
+                now = self.rss()
+                run.item_rss[run.sent] = (now, now)
             run.sent += 1
         else:
             self.pending, self.expect, run.in_flight = END_FRAME, None, None
@@ -597,16 +609,24 @@ def _watch(proc, chan: _Channel, run: WorkerRun, t0: float, timeout_s: float, me
     """Feed the worker and watch it until it ends: wall clock, resident memory of its whole process
     tree, and the channel. Returns wait4's (status, rusage)."""
     delay, last_rss = 0.02, 0.0
+    chan.rss = lambda: _tree_rss_mb(proc.pid)
     while True:
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         now = time.monotonic()
+        # a memory probe in flight: sampled every 20 ms (an N x N matrix lives for the hundreds of ms its
+        # products take), else every 50
+        probe = run.in_flight is not None and chan.is_probe(run.in_flight)
         if now - t0 > timeout_s:
             run.timed_out = True
-        elif now - last_rss > 0.05:
+        elif now - last_rss > (0.02 if probe else 0.05):
             last_rss = now
-            run.memory_killed = _tree_rss_mb(proc.pid) > memory_mb
+            rss = _tree_rss_mb(proc.pid)
+            run.memory_killed = rss > memory_mb
+            if run.in_flight in run.item_rss:
+                start, peak = run.item_rss[run.in_flight]
+                run.item_rss[run.in_flight] = (start, max(peak, rss))
         if run.timed_out or run.memory_killed or run.rejected:
             _kill_group(proc.pid)
             _, status, ru = os.wait4(proc.pid, 0)
@@ -620,7 +640,7 @@ def _watch(proc, chan: _Channel, run: WorkerRun, t0: float, timeout_s: float, me
             chan.on_writable()
         if readable and not chan.on_readable():
             continue                               # rejected: killed at the top of the loop
-        delay = 0.02 if (readable or writable) else min(delay * 1.5, 0.2)
+        delay = 0.02 if (readable or writable or probe) else min(delay * 1.5, 0.2)
     _kill_group(proc.pid)                          # whatever it left behind in its group
     return status, ru
 
@@ -666,6 +686,11 @@ def _collect(run: WorkerRun, out: Path, n: int):
     if run.rejected:
         run.records.clear()
         run.import_rec = None
+    for i, rec in run.records.items():          # the grader's own measure, never the worker's word
+        if isinstance(rec, dict):
+            rec.pop("outside", None)
+            if i in run.item_rss:
+                rec["outside"] = {"rss_start_mb": run.item_rss[i][0], "rss_peak_mb": run.item_rss[i][1]}
 
 
 def new_workdir(prefix="grading-") -> Path:

@@ -82,6 +82,10 @@ assert set(STEP_SPECS) == set(STEPS)
 RING_WORLD = 2                            # ranks of the ring groups (grading/worker.py starts them)
 NXN_PROBE = Case((1, 1), 512, 512, 32)    # larger than any sensible tile, so only a full matrix reaches Nq*Nk/2
 NXN_FRACTION = 0.5
+# A CPU memory probe's call may grow the worker's resident memory (measured from outside) by its headroom
+# plus this before no_nxn breaks: room for what the address-space cap does not see grow (pages the worker
+# mapped before the call and touches first in it). An N x N float32 matrix at the probe's N = 8192 is 256 MiB.
+RSS_SLACK_MB = 64
 # The memory probe of no_nxn: the same call at a size where an Nq x Nk float32 matrix (256 MiB) does not fit
 # in what the worker may take on top of what it holds (its address-space cap lowered for the call, so the OS
 # refuses the allocation), while O(N) memory does: the right step 04 grows its address space by 1-55 MiB

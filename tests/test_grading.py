@@ -106,6 +106,10 @@ HOSTILE = {
                                                              "you tried to allocate 268435456 bytes"], {}),
     "nxn_chunks_kept": ([4], {4: (0.0, "rule broken")}, ["at Nq = Nk = 8192 (full), run with 128 MiB",
                                                          "kept alive (by autograd?)"], {}),
+    # The same, with the probe's soft address-space cap raised back to the hard one in every call (8/10 while
+    # the cap was all the probe had): the grader's own measure of the worker's resident memory catches it.
+    "nxn_cap_lifted": ([4], {4: (0.0, "rule broken")}, ["at Nq = Nk = 8192 (full), the worker's resident memory rose",
+                                                        "measured by the grader from outside"], {}),
     "syntax_error": ([1], {1: (0.0, "import error")}, ["SyntaxError"], {}),
     # Issue 14, hole 1: every input read from the task file at import, answered from an SDPA cache (10/10
     # before the inputs moved to a pipe); the same from the public seed, SDPA at import caught by the rule;
@@ -842,3 +846,17 @@ def test_compiled_rule_sees_attention_in_an_opaque_op_in_steady_state():
             assert g.counts["eager_attention_ops"] > 0 and "inside hostile::attn" in g.eager_desc, g.eager_desc
         else:
             assert g.counts["eager_attention_ops"] == 0, g.eager_desc
+
+
+def test_outside_measure_is_the_graders_own(tmp_path):
+    """A record's "outside" entry (the worker tree's resident memory during the item, read from /proc by the
+    grader) is always the grader's: one the worker wrote into its record is dropped or overwritten."""
+    (tmp_path / "out").mkdir()
+    run = sandbox.WorkerRun()
+    run.sent = 2
+    run.records = {0: {"outside": {"rss_start_mb": 0.0, "rss_peak_mb": 0.0}},
+                   1: {"outside": {"rss_start_mb": 0.0, "rss_peak_mb": 0.0}}}
+    run.item_rss = {1: (100.0, 900.0)}
+    sandbox._collect(run, tmp_path / "out", 2)
+    assert "outside" not in run.records[0]
+    assert run.records[1]["outside"] == {"rss_start_mb": 100.0, "rss_peak_mb": 900.0}
