@@ -6,6 +6,9 @@
     python -m bench merge OUT A/results.json B/results.json   # runs cut short by their budget, as one
     python -m bench grid --missing-from A/results.json        # measure only the rows A lacks
     python -m bench profile --impl step04 --N 1024 [--causal] [--bwd]
+    python -m bench varlen [--out DIR]   # step 08: packed ragged batch vs padded SDPA-FLASH and dense step 06
+    python -m bench sparse [--out DIR]   # step 09 vs FlexAttention with the same block mask
+    python -m bench varlen|sparse --plot results/h200/varlen|sparse     # redraw their PNG, no GPU needed
 
 Suites
   sweep        the CS336 sweep: batch 8, one head, D in {16,32,64,128}, N in {256..16384}, fp32;
@@ -14,6 +17,10 @@ Suites
                (H = 2048/D), D in {64,128}, N in {512..16384}, causal and not; TFLOP/s and the
                ratio to SDPA's FLASH backend measured in the same run
   leaderboard  the CS336 2025 leaderboard shape: B=1, H=16, N=16384, D=64, bf16, causal, fwd+bwd
+  varlen       step 08 (bench/varlen_gpu.py): a 16k-token ragged batch, packed, against SDPA-FLASH on it
+               padded and dense step 06 on as many tokens, in the same run (GPU)
+  sparse       step 09 (bench/sparse_gpu.py): window + global tokens against FlexAttention with the same
+               block mask, N 8k-64k, forward and forward + backward, in the same run (GPU)
 """
 
 from __future__ import annotations
@@ -160,10 +167,14 @@ def merge_rows(runs):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("varlen", "sparse"):         # their own scripts, their own options
+        import importlib
+        return importlib.import_module(f"bench.{argv[0]}_gpu").main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("suite", nargs="?", default="default",
-                    choices=["default", "sweep", "grid", "leaderboard", "plot", "profile", "merge"])
+                    choices=["default", "sweep", "grid", "leaderboard", "plot", "profile", "merge", "varlen", "sparse"])
     ap.add_argument("path", nargs="?", help="for `plot`: the folder holding results.json; for `merge`: the output folder")
     ap.add_argument("inputs", nargs="*", type=Path, help="for `merge`: the results.json files, oldest first")
     ap.add_argument("--impls", help="comma-separated implementations (default: all that run here)")

@@ -25,14 +25,19 @@ from attnlib.loader import load_step  # noqa: E402
 from bench.core import machine_info  # noqa: E402
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench sparse")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--budget-s", type=float, default=120)
     ap.add_argument("--n", default="8192,16384,32768,65536", help="comma-separated sequence lengths")
     ap.add_argument("--windows", default="256,1024,4096", help="comma-separated windows")
     ap.add_argument("--globals", default="0,64", help="comma-separated numbers of global tokens")
-    args = ap.parse_args()
+    ap.add_argument("--plot", type=Path, default=None, metavar="FOLDER",
+                    help="only redraw FOLDER/sparse_vs_flex.png from FOLDER/sparse.json (no GPU needed)")
+    args = ap.parse_args(argv)
+    if args.plot:
+        print("wrote", plot(args.plot / "sparse.json", args.plot / "sparse_vs_flex.png"))
+        return 0
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     s9 = load_step(9, "solutions")
@@ -88,6 +93,37 @@ def main():
                 save(args.out, rows, H, D)
                 q.grad = k.grad = v.grad = None
     save(args.out, rows, H, D)
+    if args.out:
+        print("wrote", plot(args.out / "sparse.json", args.out / "sparse_vs_flex.png"))
+    return 0
+
+
+def plot(src: Path, dst: Path) -> Path:
+    """Step 09 / FlexAttention against N, forward and forward + backward: a line per (window, global tokens)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    run = json.loads(Path(src).read_text())
+    rows = [r for r in run["rows"] if r.get("status") == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, part in zip(axes, ("fwd", "fwd+bwd")):
+        for (w, g) in sorted({(r["window"], r["n_global"]) for r in rows}):
+            pts = sorted((r["N"], r[part]["speedup_vs_flex"]) for r in rows if (r["window"], r["n_global"]) == (w, g))
+            ax.plot([n for n, _ in pts], [x for _, x in pts], marker="o" if g else "s",
+                    linestyle="-" if g else "--", label=f"window {w}, {g} global")
+        ax.axhline(1.0, color="grey", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N (tokens)")
+        ax.set_title(f"{part}: step 09 / FlexAttention (same block mask)")
+    axes[0].set_ylabel("speed-up over FlexAttention (above 1: step 09 faster)")
+    axes[1].legend(fontsize=8)
+    m = run.get("machine", {})
+    fig.suptitle(f"{m.get('gpu', '?')}, {run.get('dtype')}, H={run.get('H')} D={run.get('D')}, causal; "
+                 f"{m.get('date', '')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+    plt.close(fig)
+    return dst
 
 
 def save(out, rows, H, D):
@@ -129,4 +165,4 @@ def time_row(row, s9, flex, q, k, v, do, bm, w, g, N):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

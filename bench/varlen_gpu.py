@@ -49,12 +49,17 @@ def fwd_bwd_flops(ns, H, D):
     return 3.5 * fwd                                      # forward + backward (2.5x)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m bench varlen")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--plot", type=Path, default=None, metavar="FOLDER",
+                    help="only redraw FOLDER/varlen.png from FOLDER/varlen.json (no GPU needed)")
+    args = ap.parse_args(argv)
+    if args.plot:
+        print("wrote", plot(args.plot / "varlen.json", args.plot / "varlen.png"))
+        return 0
     s6, s8 = load_step(6, "solutions"), load_step(8, "solutions")
     H, D, dt = 16, 64, torch.bfloat16
     ns = lengths(args.tokens, args.seed)
@@ -130,7 +135,42 @@ def main():
         (args.out / "varlen.json").write_text(json.dumps(
             {"machine": machine_info(), "lengths": ns, "H": H, "D": D, "dtype": "bfloat16", "causal": True,
              "rows": rows, "max_abs_err_vs_padded": err}, indent=1) + "\n")
+        print("wrote", plot(args.out / "varlen.json", args.out / "varlen.png"))
+    return 0
+
+
+def plot(src: Path, dst: Path) -> Path:
+    """Forward + backward time of each row (and the forward alone where measured), one bar each."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    run = json.loads(Path(src).read_text())
+    rows = run["rows"]
+    names = [n for n in ("varlen", "varlen_uniform", "dense", "padded") if n in rows]
+    label = {"varlen": "step 08, packed", "varlen_uniform": "step 08 on the\ndense batch, packed",
+             "dense": "step 06, dense\n(same tokens)", "padded": "SDPA-FLASH,\npadded"}
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ms = [rows[n]["ms"] for n in names]
+    bars = ax.bar([label[n] for n in names], ms, color=["C0", "C0", "C2", "C1"][:len(names)])
+    fwd = rows.get("forward_ms", {})
+    for b, n in zip(bars, names):
+        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{rows[n]['ms']:.2f} ms\n"
+                f"{rows[n]['useful_tflops']:.0f} TFLOP/s", ha="center", va="bottom", fontsize=8)
+        if n in fwd:
+            ax.bar(b.get_x() + b.get_width() / 2, fwd[n], width=b.get_width() * 0.5, color="white",
+                   edgecolor="black", hatch="//", label="forward alone" if n == names[0] else None)
+    if fwd:
+        ax.legend(fontsize=8)
+    ax.set_ylabel("forward + backward, ms (do_bench median)")
+    ax.set_ylim(0, max(ms) * 1.3)
+    m = run.get("machine", {})
+    ax.set_title(f"{len(run['lengths'])} sequences, {sum(run['lengths'])} tokens (longest {max(run['lengths'])}), "
+                 f"H={run['H']} D={run['D']} bf16 causal\n{m.get('gpu', '?')}, {m.get('date', '')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+    plt.close(fig)
+    return dst
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

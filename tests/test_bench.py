@@ -133,3 +133,22 @@ def test_missing_from_measures_only_what_a_run_lacks():
     first[0].status = "skipped: budget"
     assert ("sweep", first[0].impl, first[0].mode, first[0].dtype, first[0].B, first[0].H, first[0].N,
             first[0].D, first[0].causal) not in measured_keys(first)
+
+
+def test_varlen_and_sparse_suites_redraw_their_plots_without_a_gpu(tmp_path, capsys):
+    """`python -m bench varlen|sparse` hand their options to bench/varlen_gpu.py and bench/sparse_gpu.py;
+    --plot redraws the committed H200 run's figure from its JSON."""
+    import shutil
+    from pathlib import Path
+
+    from bench.__main__ import main
+
+    root = Path(__file__).resolve().parent.parent / "results" / "h200"
+    for suite, src, png in (("varlen", "varlen/varlen.json", "varlen.png"),
+                            ("sparse", "sparse/sparse.json", "sparse_vs_flex.png")):
+        d = tmp_path / suite
+        d.mkdir()
+        shutil.copy(root / src, d)
+        assert main([suite, "--plot", str(d)]) == 0
+        assert (d / png).stat().st_size > 10_000, f"{suite}: no figure drawn"
+        assert str(d / png) in capsys.readouterr().out
