@@ -158,6 +158,27 @@ else:
 # context, the more a faster attention kernel is worth to the whole step. At 1k the step is bound by
 # the host, not the GPU, which is why step 06's faster kernels do not show there.
 #
+# **And with the whole model compiled on both sides?** `torch.compile(model, fullgraph=True)` removes
+# most of the Python between kernels for both attentions, so what is left is closer to the kernels
+# alone (`bench/capstone_gpu.py --parts d`):
+
+# %%
+compiled_run = RESULTS / "capstone" / "capstone_partd_4cbe841.json"
+if compiled_run.exists():
+    run = json.loads(compiled_run.read_text())
+    for r in run["speed"]:
+        print(f"{r['attn']:10s} compiled, context {r['context']:6d}: {r['ms_per_step']:6.2f} ms a step, "
+              f"{r['tokens_per_s'] / 1e3:6.0f}k tokens/s")
+    print("compiled step 06 / compiled SDPA-FLASH:", run["ratio_compiled_step06_over_compiled_sdpa_flash"])
+else:
+    print("no H200 run committed yet: python bench/capstone_gpu.py --parts d --out results/h200/capstone")
+
+# %% [markdown]
+# At 16k step 06's faster kernels carry the whole step (1.19x); at 4k the compiled step with step 06 is
+# *slower* than with SDPA-FLASH (0.86x in this run), although its attention kernels took less GPU time
+# in the eager profile. Where the compiled 4k step loses its time is not measured yet (a profile of three
+# compiled steps with `ProfilerActivity.CUDA`, step 06 against SDPA-FLASH, would say).
+#
 # **Does the model learn the same with the course's kernel?** Two runs that differ only in the attention
 # kernel round differently, and training amplifies the difference, most after a loss spike. A third
 # implementation, SDPA's cuDNN backend, shows how far two *correct* kernels drift apart on the same run:
@@ -208,3 +229,7 @@ else:
 #    trial call fail, and what does it report?
 # 2. At which context length does attention take about half of the FLOPs of a training step of the
 #    `small` model (d_model 512)? Check it with `torch.profiler` on one step.
+# 3. With SDPA-FLASH forced in the model, `torch.compile(model, fullgraph=True)` stopped with
+#    "Attempted to call function marked as skipped" until the dispatcher imported step 03 when it chose
+#    it rather than inside each call (`capstone/dispatch.py`, `_step`). Which call inside the traced
+#    function did Dynamo refuse, and why is a decision made eagerly, before compiling, the fix?
