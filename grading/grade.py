@@ -272,6 +272,10 @@ class Grader:
         deadline = t0 + self.budget_s - BUDGET_RESERVE_S if self.budget_s else None
         root, where = find_submission(impl)
         notes = [where] if where else []
+        if not sandbox.namespaces_available():
+            notes.append("workers ran without OS isolation on this machine (no PID, mount and network namespace: "
+                         "that needs root and util-linux `unshare`): a submission could see and signal other "
+                         "processes and reach the network; `python -m grading doctor` lists what is active")
         work = sandbox.new_workdir()
         try:
             sub = work / "submission"

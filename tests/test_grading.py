@@ -860,3 +860,15 @@ def test_outside_measure_is_the_graders_own(tmp_path):
     sandbox._collect(run, tmp_path / "out", 2)
     assert "outside" not in run.records[0]
     assert run.records[1]["outside"] == {"rss_start_mb": 100.0, "rss_peak_mb": 900.0}
+
+
+def test_a_machine_without_namespaces_says_so(monkeypatch, tmp_path):
+    """No PID/mount/network namespace for the workers (no root, no unshare): the grade still runs, on the
+    older protections, and says so in the table's header, in a note and in results.json."""
+    monkeypatch.setattr(sandbox, "namespaces_available", lambda: False)
+    g = Grader(cfg.load(TEST_CONFIG), jobs=1, threads=1).grade(REPO / "solutions", [1])
+    assert step_of(g, 1).status == "passed"
+    assert table(g).splitlines()[0].startswith("WITHOUT OS ISOLATION")
+    assert any("without OS isolation" in n for n in g.notes)
+    res = gradescope(g)
+    assert res["extra_data"]["worker_namespaces"] is False and "without OS isolation" in res["output"]
