@@ -17,6 +17,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,9 +71,18 @@ def _grade_one(sub: Path, out: Path, args, timeout_s: float, grader: Path, relea
         proc = subprocess.run(cmd, cwd=grader, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     except subprocess.TimeoutExpired:
-        row["error"] = f"the grader ran past {timeout_s:.0f} s"
+        row["error"] = (f"the grader ran past {timeout_s:.0f} s (stopped or hung: by the submission?); "
+                        "the other rows are not affected")
         return row
     line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("GRADING-SUMMARY ")), None)
+    if line is None and proc.returncode < 0:
+        try:
+            sig = signal.Signals(-proc.returncode).name
+        except ValueError:
+            sig = f"signal {-proc.returncode}"
+        row["error"] = (f"grader killed by {sig} (by the submission?): this row has no grade; "
+                        "the other rows are not affected")
+        return row
     if line is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         row["error"] = f"the grader failed (exit {proc.returncode}): {tail[0][:300]}"

@@ -872,3 +872,26 @@ def test_a_machine_without_namespaces_says_so(monkeypatch, tmp_path):
     assert any("without OS isolation" in n for n in g.notes)
     res = gradescope(g)
     assert res["extra_data"]["worker_namespaces"] is False and "without OS isolation" in res["output"]
+
+
+def test_batch_row_of_a_killed_or_stopped_grader(monkeypatch, tmp_path):
+    """A grader process killed by a signal, or stopped past its time, is that row's error, said as such;
+    the batch goes on (``grade_one`` returns the row, it does not raise)."""
+    import argparse
+    from grading import batch
+
+    args = argparse.Namespace(config=None, hidden=None, worker_user=None, budget_s=None, step=None)
+    (tmp_path / "alice").mkdir()
+
+    def killed(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, -9, stdout="", stderr="")
+
+    def stopped(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
+
+    monkeypatch.setattr(batch.subprocess, "run", killed)
+    row = batch.grade_one(tmp_path / "alice", tmp_path / "out", args, 60, [1])
+    assert row["error"].startswith("grader killed by SIGKILL") and row["points"] == 0.0
+    monkeypatch.setattr(batch.subprocess, "run", stopped)
+    row = batch.grade_one(tmp_path / "alice", tmp_path / "out", args, 60, [1])
+    assert "ran past 60 s (stopped or hung" in row["error"]
