@@ -64,6 +64,11 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 # Instrumentation for the rules
 # ---------------------------------------------------------------------------
 
+def _raw_library(*args):
+    """The dispatcher's own registration handle (what ``torch.library.Library`` wraps)."""
+    return torch._C._dispatch_library(*args)
+
+
 class Guards:
     """Counters for the step's rules, installed before the submission is imported."""
 
@@ -133,7 +138,6 @@ class Guards:
         import ctypes
         import warnings
         guards = self
-        lib = torch._C._dispatch_library("IMPL", "aten", "", __file__, 0)
 
         def blocker(op):
             def blocked(*args, **kwargs):
@@ -145,14 +149,26 @@ class Guards:
 
         names = [n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
                  if n.startswith("aten::") and any(w in n for w in self.SDPA_KERNEL_WORDS)]
-        with warnings.catch_warnings():                 # "Overriding a previously registered kernel"
-            warnings.simplefilter("ignore")
-            for name in names:
-                for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CPU", "CUDA"):
-                    if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
-                        lib.impl(name, key, blocker(name.split(".")[0]), False)
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(lib))     # never released: see above
-        del lib
+
+        def register_all(impl):
+            with warnings.catch_warnings():                 # "Overriding a previously registered kernel"
+                warnings.simplefilter("ignore")
+                for name in names:
+                    for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd", "CPU", "CUDA"):
+                        if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
+                            impl(name, key, blocker(name.split(".")[0]))
+
+        try:
+            lib = _raw_library("IMPL", "aten", "", __file__, 0)
+            register_all(lambda name, key, fn: lib.impl(name, key, fn, False))
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(lib))     # never released: see above
+            del lib
+        except (AttributeError, TypeError):
+            # A PyTorch whose private registration API differs: the public one, which a submission can
+            # find and destroy (grading/README.md); blocked still, and the gap is recorded in the counts.
+            self._sdpa_lib = torch.library.Library("aten", "IMPL")
+            register_all(lambda name, key, fn: self._sdpa_lib.impl(name, fn, key))
+            self.counts["sdpa_blocker_public"] += 1
         self.sdpa_blocked = True
 
     def _wrap_triton(self):

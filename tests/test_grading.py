@@ -895,3 +895,25 @@ def test_batch_row_of_a_killed_or_stopped_grader(monkeypatch, tmp_path):
     monkeypatch.setattr(batch.subprocess, "run", stopped)
     row = batch.grade_one(tmp_path / "alice", tmp_path / "out", args, 60, [1])
     assert "ran past 60 s (stopped or hung" in row["error"]
+
+
+def test_no_sdpa_blocker_falls_back_to_the_public_api(monkeypatch):
+    """Where PyTorch's private registration API differs, the blocker is registered through torch.library
+    (destroyable by a submission, so it says so in the counts) and SDPA is still blocked."""
+    import torch.nn.functional as F
+    from grading import worker
+
+    def differs(*args):
+        raise TypeError("another PyTorch")
+
+    monkeypatch.setattr(worker, "_raw_library", differs)
+    g = worker.Guards(["no_sdpa"])
+    q = torch.randn(1, 1, 4, 8)
+    g._block_sdpa()
+    try:
+        with pytest.raises(RuntimeError, match="the grader blocks aten::"):
+            F.scaled_dot_product_attention(q, q, q)
+        assert g.counts["sdpa_blocker_public"] == 1 and g.sdpa_blocked
+    finally:
+        g._sdpa_lib._destroy()
+    F.scaled_dot_product_attention(q, q, q)                       # this test process gets SDPA back
