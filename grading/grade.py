@@ -107,6 +107,7 @@ class Grade:
     seconds: float
     has_gpu: bool
     notes: list[str] = field(default_factory=list)
+    isolated: bool = True          # each worker in its own PID, mount and network namespace
 
     @property
     def points(self):
@@ -272,7 +273,8 @@ class Grader:
         deadline = t0 + self.budget_s - BUDGET_RESERVE_S if self.budget_s else None
         root, where = find_submission(impl)
         notes = [where] if where else []
-        if not sandbox.namespaces_available():
+        isolated = sandbox.namespaces_available()
+        if not isolated:
             notes.append("workers ran without OS isolation on this machine (no PID, mount and network namespace: "
                          "that needs root and util-linux `unshare`): a submission could see and signal other "
                          "processes and reach the network; `python -m grading doctor` lists what is active")
@@ -313,7 +315,7 @@ class Grader:
                            for n in todo if n not in results}
                 rows = {**results, **pending}
                 return Grade(str(impl), [rows[n] for n in sorted(rows)], time.monotonic() - t0, self.has_gpu,
-                             list(notes))
+                             list(notes), isolated)
 
             if on_step:
                 on_step(so_far())
@@ -329,7 +331,8 @@ class Grader:
         if deadline and any(r.status == S_OUT_OF_TIME for r in results.values()):
             notes.append(f"the grading run's {self.budget_s:g} s budget ran out: steps marked 'out of time' "
                          "were not graded")
-        return Grade(str(impl), [results[n] for n in sorted(results)], time.monotonic() - t0, self.has_gpu, notes)
+        return Grade(str(impl), [results[n] for n in sorted(results)], time.monotonic() - t0, self.has_gpu, notes,
+                     isolated)
 
     # -- one step -------------------------------------------------------------
     def grade_step(self, n: int, sub: Path, lib: Path, work: Path, threads: int,

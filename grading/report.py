@@ -17,7 +17,6 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from . import sandbox
 from .grade import S_FAILED, S_PASSED, UNCOUNTED, Grade, GroupResult, StepResult
 
 WITHHELD = "hidden test: its details are withheld"
@@ -118,7 +117,7 @@ def table(g: Grade, width: int | None = None, public: bool = False) -> str:
         if j == 0:
             lines.append("-" * min(width, len(head) + 2 + max(len(x[4]) for x in rows)))
     gpu_note = "" if g.has_gpu else "   (no GPU here: GPU-only parts are not graded and not counted)"
-    if any(n.startswith("workers ran without OS isolation") for n in g.notes):
+    if not g.isolated:
         lines.insert(0, "WITHOUT OS ISOLATION OF THE WORKERS on this machine (see the note)")
     if public:
         lines.append("Points of the visible tests only; the hidden tests' points and the total show once "
@@ -234,7 +233,7 @@ def gradescope(g: Grade, per_group: int = 3) -> dict:
            "output_format": "md",
            "stdout_visibility": "hidden", "tests": tests,
            "extra_data": {"max_points": g.max_points, "gpu": g.has_gpu,
-                          "worker_namespaces": sandbox.namespaces_available(),
+                          "worker_namespaces": g.isolated,
                           "steps": {s.module: {"points": s.points, "max": s.max_points, "status": s.status,
                                                      "seconds": round(s.seconds, 1)}
                                     for s in g.steps}}}

@@ -249,7 +249,7 @@ class WorkerRun:
     stderr_tail: str = ""
     rejected: str | None = None
     tampered: list = field(default_factory=list)
-    # item index -> (MiB at the moment it was sent, the highest seen while it was in flight): the resident
+    # memory probe's item index -> (MiB when it was sent, the highest seen while it was in flight): the resident
     # memory of the worker's whole process tree, read by the grader from /proc, which the worker cannot
     # change (a memory probe's soft address-space cap it can lift: grading/README.md)
     item_rss: dict = field(default_factory=dict)
@@ -502,7 +502,7 @@ class _Channel:
             self.pending = _frame(self.items[run.sent])
             self.expect = str(run.sent)
             run.in_flight = run.sent
-            if self.rss is not None:
+            if self.rss is not None and self.is_probe(run.sent):
                 now = self.rss()
                 run.item_rss[run.sent] = (now, now)
             run.sent += 1

@@ -130,7 +130,7 @@ class Guards:
 
         A registration lasts as long as its handle. A ``torch.library.Library`` is a Python object any
         code can find (``gc.get_objects()``) and destroy, which brings the original kernels back
-        (``hostile/sdpa_library_destroyed``: 7/10 that way). So the handle is the dispatcher's own
+        (``hostile/sdpa_library_destroyed``: 7-8/10 that way). So the handle is the dispatcher's own
         (``torch._C._dispatch_library``), which the garbage collector does not track, and it is leaked
         on purpose: no Python object refers to it, nothing can destroy it, and it lives until the worker
         exits. A registration the submission adds on top of it only hides it until that one is destroyed.
@@ -165,7 +165,8 @@ class Guards:
             del lib
         except (AttributeError, TypeError):
             # A PyTorch whose private registration API differs: the public one, which a submission can
-            # find and destroy (grading/README.md); blocked still, and the gap is recorded in the counts.
+            # find and destroy (grading/README.md); blocked still, and counted in the worker's guard record
+            # (sdpa_blocker_public) for whoever reads it.
             self._sdpa_lib = torch.library.Library("aten", "IMPL")
             register_all(lambda name, key, fn: self._sdpa_lib.impl(name, fn, key))
             self.counts["sdpa_blocker_public"] += 1
