@@ -37,6 +37,7 @@ from torch.library import wrap_triton
 
 from attnlib import check_inputs
 from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.rowdot import rowdot_block, rowdot_kernel
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _fwd_inner, _pow2_dim, fwd_config, load_tile, store_tile
 from .step06_triton_bwd import _dkdv_inner, _dq_tile, bwd_config
@@ -214,8 +215,14 @@ def backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     batch = cu_seqlens_q.shape[0] - 1
     bd = _pow2_dim(d)
     prec = _dot_precision(q.dtype)
-    # D = rowsum(dO * O) per (head, token), (H, total_q) like the LSE: one fused reduction.
-    delta = (do.float() * o.float()).sum(-1).t().contiguous()
+    # D = rowsum(dO * O) per (head, token), (H, total_q) like the LSE, fp32, one kernel (attnlib/rowdot.py):
+    # O and dO seen as (1, H, total_q, D) through their strides.
+    delta = q.new_empty((H, total_q), dtype=torch.float32)
+    o3, do3 = o.permute(1, 0, 2)[None], do.permute(1, 0, 2)[None]
+    rbm, rbd = rowdot_block(d)
+    pre = configured(rowdot_kernel, {})
+    wrap_triton(pre)[(triton.cdiv(total_q, rbm), H)](
+        o3, do3, delta, *o3.stride(), *do3.stride(), H, total_q, HEAD_DIM=d, BLOCK_M=rbm, BLOCK_D=rbd)
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     cfg = varlen_bwd_config(max_seqlen_q, max_seqlen_k, d, q.dtype, is_causal, q.device.type, batch * H)
     c = cfg["dkdv"]
