@@ -390,6 +390,35 @@ def fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
     return cfg
 
 
+def _large_shared_memory(device=None) -> bool:
+    """Can one block use Hopper's 227 KB of shared memory (H100/H200), not an A100's 163 KB or less?"""
+    key = torch.cuda.current_device() if device is None else device
+    got = _SMEM.get(key)
+    if got is None:
+        got = _SMEM[key] = torch.cuda.get_device_properties(key).shared_memory_per_block_optin >= 227 * 1024
+    return got
+
+
+_SMEM: dict = {}
+
+
+def dense_fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
+    """``fwd_config`` for dense attention, the table ``forward`` uses (steps 08 and 09 keep ``fwd_config``).
+
+    One change: on a GPU with Hopper's shared memory, 16-bit, 64 < D <= 128, enough query tiles to
+    fill the SMs, 128 x 128 tiles on 8 warps. Three stages of 128-key K and V tiles at D = 128 take
+    about 200 KB, more than an A100 has. H200, bf16, N = 4096 (B=4) and 16384 (B=1), H = 16: 1.00-1.04x
+    causal and 1.07x not, against the table's 64x64 / 128x64 (results/h200/triton/fwd_tma_d128.log,
+    ``bench/experiments/triton_fwd_tma.py --plan d128``). TMA loads at the same tiles gave another
+    1.02-1.11x there (issue 17: not in the course yet).
+    """
+    cfg = fwd_config(nq, nk, d, dtype, is_causal, device_type, bh)
+    if (device_type == "cuda" and dtype != torch.float32 and 64 < _pow2_dim(d) <= 128
+            and triton.cdiv(nq, 128) * bh >= 132 and _large_shared_memory()):
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
+    return cfg
+
+
 # %% Launcher --------------------------------------------------------------------
 
 def as_bhnd(t):
@@ -415,7 +444,7 @@ def _dot_precision(dtype):
 def forward(q, k, v, is_causal, scale, config=None):
     """Run the kernel: ``(O, LSE)`` with O shaped like q (contiguous) and LSE ``(..., Nq)`` float32.
 
-    ``scale`` must already be resolved (a float). ``config`` overrides ``fwd_config``.
+    ``scale`` must already be resolved (a float). ``config`` overrides ``dense_fwd_config``.
     """
     raise_if_stubbed(_attn_fwd_kernel)
     q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
@@ -424,7 +453,7 @@ def forward(q, k, v, is_causal, scale, config=None):
     o = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     o4 = as_bhnd(o)
-    cfg = dict(config or fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H))
+    cfg = dict(config or dense_fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H))
     grid = (triton.cdiv(nq, cfg["BLOCK_M"]), B * H)
     kernel = configured(_attn_fwd_kernel, cfg)
     wrap_triton(kernel)[grid](
