@@ -109,9 +109,12 @@ def error(err):
 
 
 def run_train(cfg, attn, context, batch, steps, dtype, hook=None, compile=False, seed=0):
+    """``compile``: False, True (torch.compile's default mode) or a mode's name ("reduce-overhead")."""
     argv = ["train", "--attn", attn, "--size", cfg.size, "--context", str(context), "--batch", str(batch),
             "--steps", str(steps), "--dtype", dtype, "--device", cfg.device, "--seed", str(seed), "--quiet"]
-    run, model = train(parse(argv + (["--compile"] if compile else [])), hook=hook)
+    if compile:
+        argv += ["--compile"] + (["--compile-mode", compile] if isinstance(compile, str) else [])
+    run, model = train(parse(argv), hook=hook)
     del model
     return run
 
@@ -140,7 +143,8 @@ def speed(cfg, attn, context, compile=False):
             row["traceback"] = traceback.format_exc()[-2000:]
     row["wall_s"] = round(time.perf_counter() - t, 1)
     free()
-    log(f"  {attn:10s}{' (compiled)' if compile else ''} ctx {context:6d} x {batch:3d}: "
+    log(f"  {attn:10s}{f' (compiled {compile})' if isinstance(compile, str) else ' (compiled)' if compile else ''}"
+        f" ctx {context:6d} x {batch:3d}: "
         + (f"{row['ms_per_step']:9.2f} ms  {row['tokens_per_s']:12,.0f} tokens/s" if "error" not in row
            else row["error"]) + f"  [{row['wall_s']} s]")
     return row
@@ -157,15 +161,23 @@ def kernel_share(trace_path):
             names[e["name"]] = names.get(e["name"], 0.0) + e["dur"]
     attn = sum(names.values())
     top = sorted(names.items(), key=lambda kv: -kv[1])[:8]
+    every = {}
+    for e in kernels:
+        every[e["name"]] = every.get(e["name"], 0.0) + e["dur"]
+    top_all = sorted(every.items(), key=lambda kv: -kv[1])[:12]
     return {"share": round(attn / total, 4) if total else None, "attention_kernel_ms": round(attn / 1000, 3),
             "all_kernel_ms": round(total / 1000, 3), "kernels": len(kernels),
-            "attention_kernels": [[n[:160], round(d / 1000, 3)] for n, d in top]}
+            "attention_kernels": [[n[:160], round(d / 1000, 3)] for n, d in top],
+            "top_kernels": [[n[:160], round(d / 1000, 3)] for n, d in top_all]}
 
 
-def share(cfg, attn, context, out):
-    """Part b's row: profile 3 steps after 3 warm-up steps; attention's share of the kernel time."""
+def share(cfg, attn, context, out, compile=False):
+    """Part b's row: profile 3 steps after 3 warm-up steps; attention's share of the kernel time.
+
+    ``compile``: the model under torch.compile(fullgraph=True) (part bd), where the other kernels are
+    Inductor's; ``top_kernels`` lists the 12 kernels that took the most time, attention or not."""
     batch = max(1, cfg.tokens // context)
-    row = {"attn": attn, "context": context, "batch": batch}
+    row = {"attn": attn, "context": context, "batch": batch, "compile": compile}
     warm, prof_steps = 3, 3
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                      if torch.cuda.is_available() else [])
@@ -178,8 +190,12 @@ def share(cfg, attn, context, out):
             prof.stop()
     free()
     try:
-        run_train(cfg, attn, context, batch, warm + prof_steps, cfg.dtype, hook=hook)
-        path = out / f"trace_{attn}_{context}.json"
+        run = run_train(cfg, attn, context, batch, warm + prof_steps, cfg.dtype, hook=hook, compile=compile)
+        # The profiled steps' wall time against their kernel time says how long the GPU sat idle.
+        row["profiled_step_ms"] = run["step_ms"][warm:warm + prof_steps]
+        row["top_cpu_ops"] = [[e.key[:120], round(e.self_cpu_time_total / 1000, 3), e.count]
+                              for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]]
+        path = out / f"trace_{attn}_{context}{'_compiled' if compile else ''}.json"
         prof.export_chrome_trace(str(path))
         row.update(kernel_share(path))
         path.unlink()          # tens of MB each; the numbers are in the JSON
@@ -188,7 +204,7 @@ def share(cfg, attn, context, out):
     except Exception as err:  # noqa: BLE001
         row["error"] = error(err)
     free()
-    log(f"  {attn:10s} ctx {context:6d}: " + (row["error"] if "error" in row else
+    log(f"  {attn:10s}{' (compiled)' if compile else ''} ctx {context:6d}: " + (row["error"] if "error" in row else
         f"attention {row['attention_kernel_ms']} ms of {row['all_kernel_ms']} ms kernel time, share {row['share']}"))
     return row
 
@@ -268,9 +284,11 @@ def plot_tokens(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for attn in dict.fromkeys(r["attn"] + (" compiled" if r.get("compile") else "") for r in rows):
-        pts = [(r["context"], r["tokens_per_s"]) for r in rows
-               if r["attn"] + (" compiled" if r.get("compile") else "") == attn and "tokens_per_s" in r]
+    def label(r):
+        c = r.get("compile")
+        return r["attn"] + (f" compiled ({c})" if isinstance(c, str) else " compiled" if c else "")
+    for attn in dict.fromkeys(label(r) for r in rows):
+        pts = [(r["context"], r["tokens_per_s"]) for r in rows if label(r) == attn and "tokens_per_s" in r]
         if pts:
             ax.plot(*zip(*pts), "o-", label=attn)
     ax.set_xscale("log", base=2)
@@ -295,7 +313,9 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per run (default 3)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default 8)")
     ap.add_argument("--budget-s", type=float, default=230.0, help="skip what would start after this many seconds")
-    ap.add_argument("--parts", default="a,b,c,a7,d", help="which parts, in this order: a,b,c,a7,d")
+    ap.add_argument("--parts", default="a,b,c,a7,d", help="which parts, in this order: a,b,c,a7,d,bd "
+                    "(bd: part b on the compiled model at 4096; dg: part d under CUDA graphs, mode reduce-overhead; "
+                    "neither runs by default)")
     ap.add_argument("--cpu-smoke", action="store_true", help="every part, tiny, on the CPU: checks the script")
     cfg = ap.parse_args(argv)
     smoke = cfg.cpu_smoke
@@ -388,18 +408,47 @@ def main(argv=None):
                     continue
                 res["speed"].append(speed(cfg, attn, ctx, compile=True))
                 save()
-            tok = {r["attn"]: r.get("tokens_per_s") for r in res["speed"] if r["context"] == ctx and r["compile"]}
+            tok = {r["attn"]: r.get("tokens_per_s") for r in res["speed"] if r["context"] == ctx and r["compile"] is True}
             if tok.get(ours) and tok.get("sdpa-flash"):
                 res.setdefault("ratio_compiled_step06_over_compiled_sdpa_flash", {})[str(ctx)] = \
                     round(tok[ours] / tok["sdpa-flash"], 3)
                 log(f"  compiled {ours} / compiled sdpa-flash tokens/s at {ctx}: "
                     f"{res['ratio_compiled_step06_over_compiled_sdpa_flash'][str(ctx)]}")
 
+    def dg():
+        # Part d under CUDA graphs (mode="reduce-overhead"): at 4k the compiled step is host-bound (part bd).
+        ctxs = [c for c in (4096, 16384) if c in cfg.contexts] if not smoke else [cfg.contexts[-1]]
+        for ctx in ctxs:
+            for attn in (ours, "sdpa-flash"):
+                if budget.skip(f"cudagraphs {attn} {ctx}", res, "last_skip"):
+                    continue
+                res["speed"].append(speed(cfg, attn, ctx, compile="reduce-overhead"))
+                save()
+            tok = {r["attn"]: r.get("tokens_per_s") for r in res["speed"]
+                   if r["context"] == ctx and r["compile"] == "reduce-overhead"}
+            if tok.get(ours) and tok.get("sdpa-flash"):
+                res.setdefault("ratio_cudagraphs_step06_over_sdpa_flash", {})[str(ctx)] = \
+                    round(tok[ours] / tok["sdpa-flash"], 3)
+                log(f"  reduce-overhead {ours} / sdpa-flash tokens/s at {ctx}: "
+                    f"{res['ratio_cudagraphs_step06_over_sdpa_flash'][str(ctx)]}")
+
+    def bd():
+        # Part b on the compiled model: where compiled step 06 loses to compiled SDPA-FLASH at 4k (0.86x, 12-01).
+        ctxs = [c for c in (4096,) if c in cfg.contexts] if not smoke else [cfg.contexts[-1]]
+        for ctx in ctxs:
+            for attn in (ours, "sdpa-flash"):
+                if budget.skip(f"compiled share {attn} {ctx}", res, "last_skip"):
+                    continue
+                res["attention_share"].append(share(cfg, attn, ctx, cfg.out, compile=True))
+                save()
+
     part("a", a(ATTNS))
     part("b", b)
     part("c", c)
     part("a7", a(("step07",)))
     part("d", d)
+    part("bd", bd)
+    part("dg", dg)
     try:
         plot_tokens(res["speed"], cfg.out / "capstone_tokens.png")
     except Exception as err:  # noqa: BLE001

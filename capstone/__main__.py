@@ -51,6 +51,8 @@ def parse(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     ap.add_argument("--compile", action="store_true", help="torch.compile(model, fullgraph=True)")
+    ap.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                    help="with --compile: torch.compile's mode (reduce-overhead: CUDA graphs, for a host-bound step)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default=None)
     ap.add_argument("--parallel", default=None, choices=["ddp", "fsdp"],
@@ -141,7 +143,10 @@ def train(args, hook=None):
         model = _wrap(model, parallel, device, compile=args.compile)
     # After the wrap: FSDP2 replaces the parameters by DTensors, and the optimizer must hold those.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    step_fn = torch.compile(model, fullgraph=True) if args.compile and parallel != "fsdp" else model
+    if args.compile_mode and not args.compile:
+        raise SystemExit("capstone train: --compile-mode needs --compile")
+    step_fn = (torch.compile(model, fullgraph=True, mode=args.compile_mode)
+               if args.compile and parallel != "fsdp" else model)
 
     losses, times = [], []
     bar = _progress(args.steps, args.quiet or rank != 0)
@@ -183,13 +188,13 @@ def train(args, hook=None):
     run = {"attn": args.attn, "chose": choice.impl, "passed_over": choice.passed_over, "size": args.size,
            "context": cfg.context, "batch": args.batch, "world": world,
            "parallel": parallel, "dtype": args.dtype,
-           "compile": args.compile, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "compile": args.compile, "compile_mode": args.compile_mode, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "torch": torch.__version__, "losses": losses,
            "step_ms": [round(1000 * t, 3) for t in times],
            "tokens_per_s": round(tokens * len(steady) / sum(steady), 1), "ms_per_step": round(1000 * sum(steady) / len(steady), 3),
            "ms_per_step_median": round(1000 * sorted(steady)[len(steady) // 2], 3)}
     if rank == 0:
-        how = f"{args.dtype}{', compiled' if args.compile else ''}" + (f", {parallel} x {world}" if world > 1 else "")
+        how = f"{args.dtype}{', compiled' if args.compile else ''}{f' ({args.compile_mode})' if args.compile_mode else ''}" + (f", {parallel} x {world}" if world > 1 else "")
         print(f"{choice.impl} ({how}): loss {losses[0]:.3f} -> "
               f"{losses[-1]:.3f} in {args.steps} steps, {run['tokens_per_s']:,.0f} tokens/s")
         if args.out:

@@ -175,9 +175,35 @@ else:
 
 # %% [markdown]
 # At 16k step 06's faster kernels carry the whole step (1.19x); at 4k the compiled step with step 06 is
-# *slower* than with SDPA-FLASH (0.86x in this run), although its attention kernels took less GPU time
-# in the eager profile. Where the compiled 4k step loses its time is not measured yet (a profile of three
-# compiled steps with `ProfilerActivity.CUDA`, step 06 against SDPA-FLASH, would say).
+# *slower* than with SDPA-FLASH (0.86x in this run), although its attention kernels take less GPU time.
+# A profile of three compiled steps of each (`--parts bd`) says where the time goes: the GPU's kernel
+# time against the step's wall time, and the host's busiest operations.
+
+# %%
+profiled = RESULTS / "capstone" / "capstone_bd_dg_295108e.json"
+if profiled.exists():
+    run = json.loads(profiled.read_text())
+    for r in run["attention_share"]:
+        steps = r["profiled_step_ms"]
+        print(f"{r['attn']:10s} compiled, 4k: kernels {r['all_kernel_ms'] / len(steps):5.1f} ms a step "
+              f"(attention {r['attention_kernel_ms'] / len(steps):4.1f}), wall {sorted(steps)[1]:5.1f} ms a step (median)")
+        name, ms, calls = r["top_cpu_ops"][0]
+        print(f"{'':10s} busiest on the host: {name[:60]}  {ms / calls:.2f} ms a call x {calls}")
+    for r in run["speed"]:
+        print(f"{r['attn']:10s} under CUDA graphs, context {r['context']:6d}: {r['tokens_per_s'] / 1e3:6.0f}k tokens/s")
+    print("step 06 / SDPA-FLASH under CUDA graphs:", run["ratio_cudagraphs_step06_over_sdpa_flash"])
+else:
+    print("no H200 run committed yet: python bench/capstone_gpu.py --parts bd,dg --contexts 4096,16384")
+
+# %% [markdown]
+# With step 06 the GPU has *less* work per step (its attention kernels are faster) and still finishes
+# later: it waits for the host. Step 06's backward is an opaque operator (a `custom_op`, so that its
+# launches keep their register caps, which Inductor's relaunch would drop), so the compiled graph calls
+# its Python launcher for every layer: about 0.4 ms of host time a call, four Triton launches of
+# about 0.1 ms each (`bench/experiments/host_overhead.py --yappi`). SDPA-FLASH's backward is one C++
+# call. CUDA graphs (`torch.compile(..., mode="reduce-overhead")`, `python -m capstone train --compile
+# --compile-mode reduce-overhead`) record the kernels once and replay them without the host: then the
+# kernels decide, and step 06 is ahead at 4k as well.
 #
 # **Does the model learn the same with the course's kernel?** Two runs that differ only in the attention
 # kernel round differently, and training amplifies the difference, most after a loss spike. A third

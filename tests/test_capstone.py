@@ -117,6 +117,25 @@ def test_compiled_model_with_step06_trains_like_sdpa(dtype):
     assert worst < 0.05, f"step 06's loss curve leaves SDPA's by {worst:.3f}: {ours['losses']} vs {ref['losses']}"
 
 
+@pytest.mark.slow
+@pytest.mark.step06
+@pytest.mark.skipif(not GPU, reason="CUDA graphs need a GPU")
+def test_compiled_model_with_step06_trains_under_cuda_graphs():
+    """mode="reduce-overhead" (what takes the 4k capstone step past SDPA-FLASH: results/h200/capstone/README.md):
+    step 06's operators are captured into CUDA graphs and replayed, and the model still trains like SDPA's."""
+    ours, _ = run("--steps", "20", "--attn", "step06", "--dtype", "bf16", "--compile", "--compile-mode",
+                  "reduce-overhead", "--size", "tiny")
+    ref, _ = run("--steps", "20", "--attn", "sdpa", "--dtype", "bf16", "--size", "tiny")
+    assert ours["chose"] == "step06" and ours["compile_mode"] == "reduce-overhead"
+    worst = max(abs(a - b) for a, b in zip(ours["losses"], ref["losses"]))
+    assert worst < 0.05, f"under CUDA graphs, step 06's loss curve leaves SDPA's by {worst:.3f}: {ours['losses']} vs {ref['losses']}"
+
+
+def test_compile_mode_needs_compile():
+    with pytest.raises(SystemExit, match="--compile-mode needs --compile"):
+        run("--steps", "1", "--attn", "sdpa", "--compile-mode", "reduce-overhead")
+
+
 @pytest.mark.step03
 @pytest.mark.parametrize("baseline", ["sdpa", "naive"])
 def test_baselines_compile_fullgraph(baseline):

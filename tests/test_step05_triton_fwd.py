@@ -174,3 +174,25 @@ def test_compiled_sizes(load, dtype, is_causal):
         check_lse(lse, q, k, v, is_causal=is_causal)
         check_attention(lambda *a, **kw: step.attention_with_lse(*a, **kw)[0], q, k, v,
                         is_causal=is_causal, grads=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="the Hopper tile choice exists on a GPU only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_dense_table_at_d128(load, dtype, is_causal):
+    """The tiles ``forward`` takes at D = 128 with many query tiles (128 x 128 on Hopper), partial tiles included.
+
+    17 x 8 query tiles of 128 fill the 132 SMs, so ``dense_fwd_config`` leaves step 05's table; the
+    test says which tiles ran, so a GPU without Hopper's shared memory is not mistaken for this check.
+    """
+    step = load(5)
+    case = Case((1, 17), 1000, 1000, 128)
+    cfg = step.dense_fwd_config(1000, 1000, 128, dtype, is_causal, "cuda", 17)
+    if step._large_shared_memory():
+        assert (cfg["BLOCK_M"], cfg["BLOCK_N"]) == (128, 128), f"expected 128 x 128 tiles on this GPU, got {cfg}"
+    q, k, v = qkv(case, dtype)
+    o, lse = step.attention_with_lse(q, k, v, is_causal=is_causal)
+    check_lse(lse, q, k, v, is_causal=is_causal)
+    check_attention(lambda *a, **kw: step.attention_with_lse(*a, **kw)[0], q, k, v,
+                    is_causal=is_causal, grads=False)

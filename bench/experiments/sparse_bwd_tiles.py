@@ -65,6 +65,14 @@ FWD_VARIANTS = {
     "fwd-cap128": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, maxnreg=128),
     "fwd-128x128w8": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
     "fwd-64x64w4": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    # 12-01 (--fwd-only): FlexAttention's own forward at window 256 runs 128x128 tiles on 4 warps, 255 registers,
+    # two programs per SM (ncu, bench/experiments/sparse_vs_flex_ncu.py); 64-key tiles rescale the accumulator
+    # twice as often per key.
+    "fwd-128x128w4": dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=3),
+    "fwd-128x128w4s2": dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2),
+    "fwd-64x128w4": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    "fwd-128x128w8cap128": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, maxnreg=128),
+    "fwd-128x64w4": dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 
 
@@ -118,6 +126,7 @@ def main():
     ap.add_argument("--out", type=Path)
     ap.add_argument("--budget-s", type=float, default=150)
     ap.add_argument("--aot-check", action="store_true")
+    ap.add_argument("--fwd-only", action="store_true", help="only the forward variants (and FlexAttention's forward)")
     args = ap.parse_args()
     if args.aot_check:
         return aot_check()
@@ -161,7 +170,7 @@ def main():
         row["step09_fwd_ms"] = float(triton.testing.do_bench(lambda: s9.forward(q, k, v, w, g, True, scale),
                                                              warmup=25, rep=100))
         row["variants"] = {}
-        for name, over in VARIANTS.items():
+        for name, over in ({} if args.fwd_only else VARIANTS).items():
             r = {}
             try:
                 with patched(s9, over):
