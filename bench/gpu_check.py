@@ -16,6 +16,16 @@ time (the course's H200 lends 10 minutes a command) runs them as separate calls:
   grade  the grader on solutions/ (full marks expected) and on pristine stubs generated from
          solutions/ into a scratch folder (0 expected), the two side by side.
 
+On the course's lent H200 (10 minutes a command) the whole check no longer fits one command: at 78da36d
+the grader's tests ran past their 440 s with three left (the full-marks test alone took 391 s beside
+everything else). Two commands, the second merging into the first's summary (same commit, or the first's
+parts are dropped, never mixed):
+
+    GPU_CHECK_COMMIT=<sha> python -m bench.gpu_check --parts lb,tests --tests-runs suite,notebooks --out DIR
+    # bring DIR/summary.json back (here: results/h200/gpu-check/summary.json), then
+    GPU_CHECK_COMMIT=<sha> python -m bench.gpu_check --parts tests,grade --tests-runs grading \
+        --merge-from results/h200/gpu-check/summary.json --out DIR2
+
 Exit status 0 only when every part asked for is complete and green: the tests have no failure
 and no error, the solutions get full marks, the stubs 0. ``summary.json`` says ``"complete": true``
 only when all three parts ran at the same commit and passed.
@@ -160,21 +170,29 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
     proc.wait()
 
 
-def run_tests(out: Path, workers: int, budget_s: float, env: dict) -> dict:
-    """Three pytest runs side by side: tests/test_grading.py with its tests spread one by one over a
-    third of the workers (each grades its own planted submission), tests/test_notebooks.py one
-    notebook a worker, every other file one file a worker (their module fixtures, the process groups
-    of step 10, are built once)."""
-    grading_workers = max(2, workers // 3)
-    notebook_workers = max(2, workers // 5)
-    suite_workers = max(2, workers - grading_workers - notebook_workers)
+TEST_RUNS = ("suite", "grading", "notebooks")
+# Workers a run gets, in proportion, among the runs asked for (all three: 8 / 5 / 3 of 16).
+_RUN_WEIGHT = {"suite": 8, "grading": 5, "notebooks": 3}
+
+
+def run_tests(out: Path, workers: int, budget_s: float, env: dict, which=TEST_RUNS) -> dict:
+    """Up to three pytest runs side by side: tests/test_grading.py with its tests spread one by one
+    (each grades its own planted submission), tests/test_notebooks.py one notebook a worker, every
+    other file one file a worker (their module fixtures, the process groups of step 10, are built once).
+
+    Returns ``{"runs": {name: counts}}``, one entry per run asked for (``total_of`` adds them up).
+    """
+    which = [w for w in TEST_RUNS if w in which]
+    weight = sum(_RUN_WEIGHT[w] for w in which)
+    share = {w: max(2, round(workers * _RUN_WEIGHT[w] / weight)) for w in which}
     runs = {"suite": ["--ignore", "tests/test_grading.py", "--ignore", "tests/test_notebooks.py",
-                      "-n", str(suite_workers), "--dist", "loadfile"],
-            "grading": ["tests/test_grading.py", "-n", str(grading_workers), "--dist", "load"],
+                      "-n", str(share.get("suite", 2)), "--dist", "loadfile"],
+            "grading": ["tests/test_grading.py", "-n", str(share.get("grading", 2)), "--dist", "load"],
             # every notebook executed as Jupyter would, on the GPU: one a worker (one file, so not loadfile)
-            "notebooks": ["tests/test_notebooks.py", "-n", str(notebook_workers), "--dist", "load"]}
+            "notebooks": ["tests/test_notebooks.py", "-n", str(share.get("notebooks", 2)), "--dist", "load"]}
     procs = {}
-    for name, extra in runs.items():
+    for name in which:
+        extra = runs[name]
         junit = out / f"pytest_{name}.xml"
         junit.unlink(missing_ok=True)
         log(f"tests ({name}): pytest {' '.join(extra)}, at most {budget_s:.0f} s")
@@ -189,31 +207,64 @@ def run_tests(out: Path, workers: int, budget_s: float, env: dict) -> dict:
                                         env=dict(env, ATTN_EXECUTED_DIR=str(out / "executed")) if name == "notebooks" else env,
                                         start_new_session=True), f, junit)
     t0 = time.monotonic()
-    res = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "not_passing": [],
-           "compiled_model": {"tests": 0, "passed": 0}, "last_lines": {}}
+    res = {"runs": {}}
     for name, (proc, f, junit) in procs.items():
+        r = {"passed": None, "failed": None, "errors": None, "skipped": None, "not_passing": [],
+             "compiled_model": {"tests": 0, "passed": 0}, "interrupted": False}
         try:
             proc.wait(timeout=max(5.0, budget_s - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
             stop(proc)
             log(f"tests ({name}): out of time, interrupted (the counts are of the tests that ended)")
-            res["interrupted"] = sorted({*res.get("interrupted", []), name})
+            r["interrupted"] = True
         f.close()
         lines = [ln for ln in (out / f"pytest_{name}.log").read_text().strip().splitlines() if ln.startswith("=")]
-        res["last_lines"][name] = lines[-1] if lines else ""
-        log(f"pytest ({name}): {res['last_lines'][name]}")
+        r["last_line"] = lines[-1] if lines else ""
+        log(f"pytest ({name}): {r['last_line']}")
         if not junit.exists():
-            res.update(passed=None, failed=None, errors=None, skipped=None)
-            res["error"] = (res.get("error", "") + f" no junit file from the {name} run.").strip()
-            continue
-        c = junit_counts(junit)
-        for key in ("passed", "failed", "errors", "skipped"):
-            if res[key] is not None:
-                res[key] += c[key]
-        res["not_passing"] += c["not_passing"]
-        for key in ("tests", "passed"):
-            res["compiled_model"][key] += c["compiled_model"][key]
+            r["error"] = f"no junit file from the {name} run."
+        else:
+            r.update(junit_counts(junit))
+        res["runs"][name] = r
     return res
+
+
+def total_of(runs: dict) -> dict:
+    """The pytest section's totals over its runs; ``interrupted`` and ``missing`` name runs, if any."""
+    tot = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "not_passing": [],
+           "compiled_model": {"tests": 0, "passed": 0}, "last_lines": {}}
+    for name, r in runs.items():
+        tot["last_lines"][name] = r.get("last_line", "")
+        for key in ("passed", "failed", "errors", "skipped"):
+            if tot[key] is not None:
+                tot[key] = None if r.get(key) is None else tot[key] + r[key]
+        tot["not_passing"] += r.get("not_passing", [])
+        for key in ("tests", "passed"):
+            tot["compiled_model"][key] += r.get("compiled_model", {}).get(key, 0)
+        if r.get("error"):
+            tot["error"] = (tot.get("error", "") + " " + r["error"]).strip()
+    interrupted = sorted(n for n, r in runs.items() if r.get("interrupted"))
+    if interrupted:
+        tot["interrupted"] = interrupted
+    missing = [n for n in TEST_RUNS if n not in runs]
+    if missing:
+        tot["missing"] = missing
+    return tot
+
+
+def merge_pytest(previous: dict | None, new_runs: dict, commit: str | None) -> dict:
+    """The pytest section after this call: its runs, plus the runs of ``previous`` (an earlier call's
+    section) at the same commit that this call did not repeat. Runs at another commit are dropped:
+    a section never mixes commits."""
+    runs = {}
+    if previous and commit and previous.get("commit") == commit and "+changes" not in commit:
+        runs.update({n: r for n, r in (previous.get("runs") or {}).items() if n in TEST_RUNS})
+    runs.update(new_runs)
+    merged = total_of(runs)
+    merged["runs"] = runs
+    if len(new_runs) < len(runs):
+        merged["merged_from_an_earlier_call"] = sorted(set(runs) - set(new_runs))
+    return merged
 
 
 def run_grades(budget_s: float, jobs: int, env: dict, out: Path) -> dict:
@@ -258,10 +309,19 @@ def main(argv=None) -> int:
     ap.add_argument("--tests-budget-s", type=float, default=440, help="pytest is stopped past this (the summary says so)")
     ap.add_argument("--grade-budget-s", type=float, default=430)
     ap.add_argument("--grade-jobs", type=int, default=4)
+    ap.add_argument("--tests-runs", default=",".join(TEST_RUNS),
+                    help="with the tests part: which pytest runs (suite, grading, notebooks); the others are "
+                         "kept from the summary's earlier call at the same commit")
+    ap.add_argument("--merge-from", type=Path, default=None,
+                    help="an earlier call's summary.json (its out folder is gone on a lent machine): this call "
+                         "adds its parts to it; a part at another commit is replaced, never mixed")
     args = ap.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not parts or any(p not in PARTS for p in parts):
         ap.error(f"--parts takes a comma-separated list of {', '.join(PARTS)}; got {args.parts!r}")
+    runs = [w.strip() for w in args.tests_runs.split(",") if w.strip()]
+    if not runs or any(w not in TEST_RUNS for w in runs):
+        ap.error(f"--tests-runs takes a comma-separated list of {', '.join(TEST_RUNS)}; got {args.tests_runs!r}")
 
     import torch
     import triton
@@ -277,8 +337,11 @@ def main(argv=None) -> int:
     dirty = not os.environ.get("GPU_CHECK_COMMIT") and bool(subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip())
     try:
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads(((args.merge_from or out / "summary.json")).read_text())
     except (OSError, ValueError):
+        if args.merge_from:
+            print(f"gpu-check: --merge-from {args.merge_from}: no summary there", file=sys.stderr)
+            return 2
         summary = {}
     machine = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "cuda": torch.version.cuda}
@@ -323,9 +386,12 @@ def main(argv=None) -> int:
         grade_thread.start()
     if "tests" in parts:
         t0 = time.monotonic()
-        summary["pytest"] = stamp(run_tests(out, args.workers, args.tests_budget_s, env), t0)
-        p = summary["pytest"]
-        ok &= bool(p.get("failed") == 0 and p.get("errors") == 0 and p.get("passed") and not p.get("interrupted"))
+        which = [w.strip() for w in args.tests_runs.split(",") if w.strip()]
+        new = run_tests(out, args.workers, args.tests_budget_s, env, which)["runs"]
+        key = commit + ("+changes" if dirty else "") if commit else None
+        summary["pytest"] = stamp(merge_pytest(summary.get("pytest"), new, key), t0)
+        got = total_of(new)
+        ok &= bool(got.get("failed") == 0 and got.get("errors") == 0 and got.get("passed") and not got.get("interrupted"))
     if "grade" in parts:
         t0 = t_grade
         if grade_thread is not None:
@@ -346,6 +412,7 @@ def main(argv=None) -> int:
         all(s.get("commit") for s in sections) and len({s.get("commit") for s in sections}) == 1
         and not sections[0]["commit"].endswith("+changes")
         and p.get("failed") == 0 and p.get("errors") == 0 and p.get("passed") and not p.get("interrupted")
+        and not p.get("missing")
         and gs.get("points") is not None and gs.get("points") == gs.get("max") and gz.get("points") == 0)
     summary["complete_means"] = ("every part (lb, tests, grade) ran at one committed, unchanged commit: "
                                  "no test failed, solutions full marks, pristine stubs 0")
