@@ -35,3 +35,13 @@ def test_failures_and_interruptions_are_carried():
     assert tot["failed"] == 1 and tot["not_passing"] == ["t::x"] and tot["interrupted"] == ["grading"]
     none = total_of({"suite": dict(_run(10), passed=None), "grading": _run(5), "notebooks": _run(3)})
     assert none["passed"] is None
+
+
+def test_a_nameless_junit_case_is_not_counted(tmp_path):
+    """A run stopped at its budget leaves a nameless <testcase/> in the junit file: not a pass."""
+    from bench.gpu_check import junit_counts
+    xml = tmp_path / "j.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="t" name="a"/><testcase classname="t" name="b">'
+                   '<failure message="x"/></testcase><testcase time="0.002"/></testsuite></testsuites>')
+    c = junit_counts(xml)
+    assert (c["passed"], c["failed"]) == (1, 1)
