@@ -24,6 +24,8 @@ so a failure is recorded in the JSON as the error's first line and the rest goes
      capstone_loss.png (the three curves, one panel per dtype).
   a'. step07 as in part a (last among the a's: its first call builds the CUDA extension, which can
      take minutes on a fresh machine; what the dispatcher says when it cannot is recorded).
+  an. naive attention with the whole model compiled (fullgraph), at every context (issue 18's "compiled
+     naive"; it failed to compile before 6f1bf4f).
   d. step06 and sdpa-flash, each under torch.compile(fullgraph=True), at contexts 4096 and 16384 (compile
      time included in the run, excluded from the median), if the budget leaves time; the ratio compiled
      step06 / compiled sdpa-flash per context.
@@ -313,7 +315,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per run (default 3)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default 8)")
     ap.add_argument("--budget-s", type=float, default=230.0, help="skip what would start after this many seconds")
-    ap.add_argument("--parts", default="a,b,c,a7,d", help="which parts, in this order: a,b,c,a7,d,bd "
+    ap.add_argument("--parts", default="a,b,c,a7,d,an", help="which parts, in this order: a,b,c,a7,d,an,bd "
                     "(bd: part b on the compiled model at 4096; dg: part d under CUDA graphs, mode reduce-overhead; "
                     "neither runs by default)")
     ap.add_argument("--cpu-smoke", action="store_true", help="every part, tiny, on the CPU: checks the script")
@@ -447,6 +449,7 @@ def main(argv=None):
     part("c", c)
     part("a7", a(("step07",)))
     part("d", d)
+    part("an", a(("naive",), compile=True))     # issue 18's "compiled naive" row, at every context
     part("bd", bd)
     part("dg", dg)
     try:
