@@ -16,12 +16,23 @@ faster than uncapped (178 registers). dK/dV: 32x64 on 4 warps 1-14% faster than 
 All three went into step 09's ``sparse_fwd_config`` / ``sparse_bwd_config``; the variants are now named
 against that table, with "step06-table" / "fwd-step05-table" for what the run called "table".
 
+Forward follow-up (--fwd-only, one H200 run at 295108e, 2026-12-01 12:49 UTC;
+results/h200/sparse/sparse_fwd_tiles_295108e.json and .log, the JSON renamed from sparse_bwd_tiles.json): do
+FlexAttention's 128-key tiles (its forward at window 256: 128x128 on 4 warps, 255 registers,
+sparse_vs_flex_ncu.py) help step 09's forward? No. N = 32768, window 256: the table (128x64, 8 warps, capped at
+128 registers) 0.281 ms (0.87x FlexAttention), 128x64 on 4 warps 0.279, 128x128 on 4 warps 0.454, the same with
+2 stages 0.347, 64x128 on 4 warps 0.378, 128x128 on 8 warps capped at 128 registers 0.318. At 32768 window 4096,
+65536 window 256 with 64 global tokens and 65536 window 1024 the table is the fastest or within 1% (1.03x,
+1.10x, 0.98x FlexAttention). At 16384 the rows measure the host (the same config 0.184 and 0.156 ms in one
+row). The table stays; the forward's gap is in the instructions it issues (sparse_vs_flex_ncu.py's answer).
+
 Kernels: step 09's own (solutions/, through attnlib.loader); only ``sparse_bwd_config`` is replaced for a
 variant, so every variant runs the same code. Each variant's dQ, dK, dV are checked against the
 table's on the timed shape before it is timed (same math, other tiles: max |diff| <= 2e-2 in bf16),
 and the table's against FlexAttention's gradients.
 
     python bench/experiments/sparse_bwd_tiles.py --out DIR [--budget-s 150]   # an H200
+    python bench/experiments/sparse_bwd_tiles.py --fwd-only --out DIR          # the forward variants only
     python bench/experiments/sparse_bwd_tiles.py --aot-check                    # no GPU: registers, spills
 """
 

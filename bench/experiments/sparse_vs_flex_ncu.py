@@ -19,7 +19,22 @@ range only:
 Without ncu, ``python bench/experiments/sparse_vs_flex_ncu.py --out DIR`` times each kernel's call with
 do_bench instead (a minute on an H200), so the kernels can be ranked before profiling.
 
-Answer: not run yet (written on 2026-12-01 without device time left).
+Answer (one H200, 2026-12-01; results/h200/sparse/README.md, "Fifth run"). The backward first: at 5e80ecd
+(12:25 UTC, only the log came back) step 09 took 0.283 ms forward and 1.524 ms forward + backward against
+FlexAttention's 0.242 / 1.160 (0.85x, 0.76x), and the profiler's kernel list put 0.42 ms of step 09's backward
+in three PyTorch kernels computing D = rowsum(dO * O) in fp32 (a copy 198 us, a multiply 94.5, a sum 129),
+more than its dQ kernel (289 us; dK/dV 391, forward 283). Those became one Triton kernel, attnlib/rowdot.py
+(5c8a7ee, 36 us; FlexAttention's own pass 35 us): forward + backward 1.143 against 1.153 ms, 1.01x
+(results/h200/sparse/sparse_vs_flex_5c8a7ee.json). The forward stays 0.85x (0.282 / 0.241 ms). ncu of the two
+forward kernels (sparse_vs_flex_ncu_5c8a7ee.csv; the report itself did not come back): step 09 365.6 us under
+ncu, 128 registers, 8 warps, 65.5 KB shared, 2 programs an SM, occupancy 25%, an instruction issued in 61.5%
+of cycles; FlexAttention 312.8 us, 255 registers, 4 warps, 114.7 KB, 2 programs an SM, occupancy 12.5%, 49.7%;
+both 4096 programs, L2 hit 52%, DRAM 15-17%. Neither is memory-bound; step 09 issues about 1.45x the
+instructions (0.615 x 365.6 / (0.497 x 312.8)): the forward's gap is instruction count, not occupancy or
+memory. Open: which instructions (likely the per-element mask arithmetic on the partial tiles); next, ncu's
+source view (--set full, SourceCounters) of both forward kernels. FlexAttention's 128-key tiles do not help
+step 09's forward (bench/experiments/sparse_bwd_tiles.py --fwd-only). (The kernel list also holds 278 us of
+bf16 adds for both sides: .backward(do) accumulates .grad into the same leaf tensors.)
 """
 
 from __future__ import annotations
