@@ -199,7 +199,7 @@ else:
 # With step 06 the GPU has *less* work per step (its attention kernels are faster) and still finishes
 # later: it waits for the host. Step 06's backward is an opaque operator (a `custom_op`, so that its
 # launches keep their register caps, which Inductor's relaunch would drop), so the compiled graph calls
-# its Python launcher for every layer: about 0.4 ms of host time a call, four Triton launches of
+# its Python launcher for every layer: about 0.4 ms of host time a call, three Triton launches of
 # about 0.1 ms each (`bench/experiments/host_overhead.py --yappi`). SDPA-FLASH's backward is one C++
 # call. CUDA graphs (`torch.compile(..., mode="reduce-overhead")`, `python -m capstone train --compile
 # --compile-mode reduce-overhead`) record the kernels once and replay them without the host: then the

@@ -442,7 +442,7 @@ def dense_fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
 
     One change: on a GPU with Hopper's shared memory, 16-bit, 64 < D <= 128, enough query tiles to
     fill the SMs, 128 x 128 tiles on 8 warps. Three stages of 128-key K and V tiles at D = 128 take
-    about 200 KB, more than an A100 has. H200, bf16, N = 4096 (B=4) and 16384 (B=1), H = 16: 1.00-1.04x
+    about 200 KB, more than an A100 has. H200, bf16, N = 4096 (B=4) and 16384 (B=1), H = 16: 1.01-1.04x
     causal and 1.07x not, against the table's 64x64 / 128x64 (results/h200/triton/fwd_tma_d128.log,
     ``bench/experiments/triton_fwd_tma.py --plan d128``). TMA loads at the same tiles gave another
     1.02-1.11x there (issue 17: not in the course yet).

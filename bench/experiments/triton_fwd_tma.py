@@ -14,7 +14,7 @@ Follow-up (``--plan d128``, one H200 run, 2026-12-01 12:25 UTC: results/h200/tri
 JSON did not come back from the machine, the log has every row). At D=128, N=16384 (B=1) and 4096 (B=4),
 H=16, causal and not, same tiles, TMA against step 05's pointer loads: 1.02-1.11x at 128x128 w8 s3
 (1.11x causal, 1.02-1.04x not), 1.06-1.10x at 128x64. The tile alone: step 05's pointer kernel at
-128x128 w8 s3 runs 1.00-1.04x (causal) and 1.07x (not) faster than its table's 64x64 / 128x64, so step
+128x128 w8 s3 runs 1.01-1.04x (causal) and 1.07x (not) faster than its table's 64x64 / 128x64, so step
 05's ``dense_fwd_config`` now takes 128x128 at D=128 on Hopper. Against cuDNN in the same run: pointer
 loads at 128x128 0.81-0.87x causal, 0.76-0.82x not; TMA 0.89-0.96x causal, 0.77-0.85x not (issue 17's
 target, 0.95x, met only at causal N=16384).
