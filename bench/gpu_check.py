@@ -13,13 +13,19 @@ time (the course's H200 lends 10 minutes a command) runs them as separate calls:
   tests  the whole test suite against solutions/, in parallel (pytest-xdist, one file per worker:
          the grader's tests share one session fixture that grades every planted submission), the
          compiled-model tests counted apart;
-  grade  the grader on solutions/ (full marks expected) and on pristine stubs generated from
-         solutions/ into a scratch folder (0 expected), the two side by side.
+  grade  the grader on solutions/ (full marks expected) and on the stubs (0 expected). With the tests'
+         grading run in the same call, read from that run's two whole-class grades
+         (tests/test_grading.py: solutions/ with the hidden fixtures, the committed steps/; the tests hand
+         their output over through GPU_CHECK_GRADES) rather than graded twice more beside them; alone, or
+         with --separate-grades, the grader on solutions/ and on pristine stubs generated from solutions/
+         into a scratch folder, the two side by side.
 
-On the course's lent H200 (10 minutes a command) the whole check no longer fits one command: at 78da36d
+On the course's lent H200 (10 minutes a command) the whole check stopped fitting one command at 78da36d:
 the grader's tests ran past their 440 s with three left (the full-marks test alone took 391 s beside
-everything else). Two commands, the second merging into the first's summary (same commit, or the first's
-parts are dropped, never mixed):
+the grade part's own two whole-class runs). The grade part now reads those from the grading tests instead
+(above), which takes two of the four whole-class runs off the machine; where it still does not fit, two
+commands, the second merging into the first's summary (same commit, or the first's parts are dropped,
+never mixed):
 
     GPU_CHECK_COMMIT=<sha> python -m bench.gpu_check --parts lb,tests --tests-runs suite,notebooks --out DIR
     # bring DIR/summary.json back (here: results/h200/gpu-check/summary.json), then
@@ -156,6 +162,24 @@ def grade_json(stdout: str) -> dict:
 
 
 PARTS = ("lb", "tests", "grade")
+GRADE_TESTS = {"grade_solutions": "tests/test_grading.py::test_solutions_score_full_marks (solutions/, with the hidden fixtures)",
+               "grade_stubs": "tests/test_grading.py::test_stubs_score_zero_not_implemented (steps/, the committed stubs)"}
+
+
+def grades_from_tests(folder: Path, out: Path) -> dict:
+    """The grade part's two results, read from what the grading tests' whole-class runs printed
+    (tests/test_grading.py ``keep_for_gpu_check``); copied to ``out`` as grade_*.log."""
+    grades = {}
+    for name, how in GRADE_TESTS.items():
+        path = folder / f"{name}.log"
+        if not path.exists():
+            grades[name] = {"points": None, "max": None, "how": how,
+                            "error": "the grading test did not write its grade: it did not run, or not to its end"}
+            continue
+        text = path.read_text()
+        (out / f"{name}.log").write_text(text)
+        grades[name] = dict(grade_json(text), how=how)
+    return grades
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
@@ -176,7 +200,7 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 TEST_RUNS = ("suite", "grading", "notebooks")
 # Workers a run gets, in proportion, among the runs asked for (all three: 8 / 5 / 3 of 16).
-_RUN_WEIGHT = {"suite": 8, "grading": 5, "notebooks": 3}
+_RUN_WEIGHT = {"suite": 7, "grading": 6, "notebooks": 3}
 
 
 def run_tests(out: Path, workers: int, budget_s: float, env: dict, which=TEST_RUNS) -> dict:
@@ -316,6 +340,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tests-runs", default=",".join(TEST_RUNS),
                     help="with the tests part: which pytest runs (suite, grading, notebooks); the others are "
                          "kept from the summary's earlier call at the same commit")
+    ap.add_argument("--separate-grades", action="store_true",
+                    help="run the grader on solutions/ and pristine stubs itself, beside the tests, instead of "
+                         "reading the two whole-class runs of tests/test_grading.py (the behaviour before 12-01)")
     ap.add_argument("--merge-from", type=Path, default=None,
                     help="an earlier call's summary.json (its out folder is gone on a lent machine): this call "
                          "adds its parts to it; a part at another commit is replaced, never mixed")
@@ -383,14 +410,24 @@ def main(argv=None) -> int:
     # tests and grade side by side (the grader's two runs take a few cores for about 150 s): the three
     # parts then fit one 10-minute command on the H200 (lb ~2 min, tests ~6, grade within them).
     graded, grade_thread, t_grade = {}, None, time.monotonic()
-    if "grade" in parts and "tests" in parts:
+    which = [w.strip() for w in args.tests_runs.split(",") if w.strip()]
+    # Two of the grading tests grade the whole class (solutions full marks, stubs zero): the grade part
+    # reads their output instead of running the grader twice more beside them (at 78da36d the four
+    # whole-class runs side by side took the full-marks test from 322 to 391 s and the tests past 440 s).
+    from_tests = "grade" in parts and "tests" in parts and "grading" in which and not args.separate_grades
+    grades_dir = out / "grades"
+    if from_tests:
+        import shutil
+        shutil.rmtree(grades_dir, ignore_errors=True)
+        grades_dir.mkdir(parents=True)
+        env = dict(env, GPU_CHECK_GRADES=str(grades_dir))
+    if "grade" in parts and "tests" in parts and not from_tests:
         import threading
         grade_thread = threading.Thread(target=lambda: graded.update(
             run_grades(args.grade_budget_s, args.grade_jobs, env, out)), daemon=True)
         grade_thread.start()
     if "tests" in parts:
         t0 = time.monotonic()
-        which = [w.strip() for w in args.tests_runs.split(",") if w.strip()]
         new = run_tests(out, args.workers, args.tests_budget_s, env, which)["runs"]
         key = commit + ("+changes" if dirty else "") if commit else None
         summary["pytest"] = stamp(merge_pytest(summary.get("pytest"), new, key), t0)
@@ -398,7 +435,9 @@ def main(argv=None) -> int:
         ok &= bool(got.get("failed") == 0 and got.get("errors") == 0 and got.get("passed") and not got.get("interrupted"))
     if "grade" in parts:
         t0 = t_grade
-        if grade_thread is not None:
+        if from_tests:
+            grades = grades_from_tests(grades_dir, out)
+        elif grade_thread is not None:
             grade_thread.join()
             grades = graded
         else:

@@ -360,6 +360,21 @@ plt.show()
 # table. Turning on Triton's warp specialization as well returned NaN with three pipeline stages and
 # ran slower with two: on Hopper, in Triton 3.6, that part is not ready for this kernel.
 #
+# Which part of the D = 128 gain is the tile and which is TMA? Timed apart on the H200 (2026-12-01,
+# `triton_fwd_tma.py --plan d128`, `results/h200/triton/fwd_tma_d128.log`; bf16, H = 16, ms):
+#
+# | D = 128 | causal, N = 16384 | not causal, 16384 | causal, 4096 (B = 4) | not causal, 4096 |
+# |---|---|---|---|---|
+# | this kernel, the table's tiles (64x64 causal, 128x64 not) | 2.293 | 4.566 | 0.649 | 1.198 |
+# | this kernel, 128 x 128 tiles, 8 warps | 2.212 | 4.254 | 0.644 | 1.118 |
+# | the same with TMA loads | 1.996 | 4.102 | 0.581 | 1.100 |
+# | SDPA's cuDNN backend, same run | 1.919 | 3.505 | 0.519 | 0.847 |
+#
+# Both pay: the bigger tile 1.01-1.07x, TMA at that tile another 1.02-1.11x. This step now takes
+# 128 x 128 tiles at D = 128 on a Hopper GPU (`dense_fwd_config`: three stages of 128-key K and V tiles
+# need about 200 KB of shared memory, more than an A100's 163 KB). TMA stays an experiment: its
+# descriptors need constraints (contiguous rows, aligned strides) this step's kernel does not have.
+#
 # **Next: step 06**, the backward pass as Triton kernels.
 
 # %% [markdown]

@@ -45,3 +45,21 @@ def test_a_nameless_junit_case_is_not_counted(tmp_path):
                    '<failure message="x"/></testcase><testcase time="0.002"/></testsuite></testsuites>')
     c = junit_counts(xml)
     assert (c["passed"], c["failed"]) == (1, 1)
+
+
+def test_grades_are_read_from_the_grading_tests_output(tmp_path):
+    """With tests and grade in one call, gpu_check reads the two whole-class grades the grading tests
+    printed (GPU_CHECK_GRADES), and says so when a test did not write its grade."""
+    import json
+
+    from bench.gpu_check import grades_from_tests
+    folder, out = tmp_path / "grades", tmp_path / "out"
+    folder.mkdir()
+    out.mkdir()
+    summary = {"points": 100.0, "max": 100.0, "steps": {"01": {"points": 10.0}}}
+    (folder / "grade_solutions.log").write_text("table\nGRADING-SUMMARY " + json.dumps(summary) + "\n")
+    got = grades_from_tests(folder, out)
+    assert got["grade_solutions"]["points"] == 100.0 and got["grade_solutions"]["max"] == 100.0
+    assert "test_solutions_score_full_marks" in got["grade_solutions"]["how"]
+    assert (out / "grade_solutions.log").exists()
+    assert got["grade_stubs"]["points"] is None and "did not write" in got["grade_stubs"]["error"]
