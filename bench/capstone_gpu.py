@@ -400,39 +400,29 @@ def main(argv=None):
             save()
         plot_curves(list(res["loss_curves"].values()), ours, "sdpa-flash", cfg.out / "capstone_loss.png", third)
 
-    def d():
-        # Compiled against compiled: the issue's "same model with SDPA-FLASH" when the model is compiled
-        # (the runs of 11-30 and 12-01 compared compiled step 06 with eager SDPA-FLASH only).
-        ctxs = [c for c in (4096, 16384) if c in cfg.contexts] if not smoke else [cfg.contexts[-1]]
-        for ctx in ctxs:
-            for attn in (ours, "sdpa-flash"):
-                if budget.skip(f"compiled {attn} {ctx}", res, "last_skip"):
-                    continue
-                res["speed"].append(speed(cfg, attn, ctx, compile=True))
-                save()
-            tok = {r["attn"]: r.get("tokens_per_s") for r in res["speed"] if r["context"] == ctx and r["compile"] is True}
-            if tok.get(ours) and tok.get("sdpa-flash"):
-                res.setdefault("ratio_compiled_step06_over_compiled_sdpa_flash", {})[str(ctx)] = \
-                    round(tok[ours] / tok["sdpa-flash"], 3)
-                log(f"  compiled {ours} / compiled sdpa-flash tokens/s at {ctx}: "
-                    f"{res['ratio_compiled_step06_over_compiled_sdpa_flash'][str(ctx)]}")
+    def compiled_pair(mode, key, label):
+        """Step 06 and SDPA-FLASH with the whole model compiled in ``mode`` (True: the default mode), at 4k and
+        16k; the ratio of their tokens/s per context into ``res[key]``."""
+        def go():
+            ctxs = [c for c in (4096, 16384) if c in cfg.contexts] if not smoke else [cfg.contexts[-1]]
+            for ctx in ctxs:
+                for attn in (ours, "sdpa-flash"):
+                    if budget.skip(f"{label} {attn} {ctx}", res, "last_skip"):
+                        continue
+                    res["speed"].append(speed(cfg, attn, ctx, compile=mode))
+                    save()
+                tok = {r["attn"]: r.get("tokens_per_s") for r in res["speed"]
+                       if r["context"] == ctx and r["compile"] == mode and type(r["compile"]) is type(mode)}
+                if tok.get(ours) and tok.get("sdpa-flash"):
+                    res.setdefault(key, {})[str(ctx)] = round(tok[ours] / tok["sdpa-flash"], 3)
+                    log(f"  {label} {ours} / {label} sdpa-flash tokens/s at {ctx}: {res[key][str(ctx)]}")
+        return go
 
-    def dg():
-        # Part d under CUDA graphs (mode="reduce-overhead"): at 4k the compiled step is host-bound (part bd).
-        ctxs = [c for c in (4096, 16384) if c in cfg.contexts] if not smoke else [cfg.contexts[-1]]
-        for ctx in ctxs:
-            for attn in (ours, "sdpa-flash"):
-                if budget.skip(f"cudagraphs {attn} {ctx}", res, "last_skip"):
-                    continue
-                res["speed"].append(speed(cfg, attn, ctx, compile="reduce-overhead"))
-                save()
-            tok = {r["attn"]: r.get("tokens_per_s") for r in res["speed"]
-                   if r["context"] == ctx and r["compile"] == "reduce-overhead"}
-            if tok.get(ours) and tok.get("sdpa-flash"):
-                res.setdefault("ratio_cudagraphs_step06_over_sdpa_flash", {})[str(ctx)] = \
-                    round(tok[ours] / tok["sdpa-flash"], 3)
-                log(f"  reduce-overhead {ours} / sdpa-flash tokens/s at {ctx}: "
-                    f"{res['ratio_cudagraphs_step06_over_sdpa_flash'][str(ctx)]}")
+    # d: compiled against compiled, the issue's "same model with SDPA-FLASH" when the model is compiled (the
+    # runs of 11-30 and 12-01 compared compiled step 06 with eager SDPA-FLASH only). dg: the same under CUDA
+    # graphs (mode="reduce-overhead"): at 4k the default-mode compiled step is host-bound (part bd).
+    d = compiled_pair(True, "ratio_compiled_step06_over_compiled_sdpa_flash", "compiled")
+    dg = compiled_pair("reduce-overhead", "ratio_cudagraphs_step06_over_sdpa_flash", "reduce-overhead")
 
     def bd():
         # Part b on the compiled model: where compiled step 06 loses to compiled SDPA-FLASH at 4k (0.86x, 12-01).
