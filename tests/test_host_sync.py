@@ -56,3 +56,24 @@ def test_a_warm_call_does_not_sync(load, n, make):
                     "launcher and its input checks: each one stops the host until the GPU catches up", pytrace=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.step08
+def test_the_check_catches_a_sync(load, monkeypatch):
+    """The test above can fail: with step 08's memory of checked cu_seqlens switched off, every call reads
+    the offsets back (what step 08 did before c509fb3), and sync debug mode raises on it."""
+    step = load(8)
+    if not hasattr(step, "_mark_checked"):
+        pytest.skip("this step 08 keeps no memory of checked cu_seqlens")
+    monkeypatch.setattr(step, "_mark_checked", lambda *args: None)     # never remembered: read every call
+    fn = _varlen(step)
+    q, k, v = (torch.randn(1, 4, 337, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    fn(q, k, v).float().sum().backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError):
+            fn(q, k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
