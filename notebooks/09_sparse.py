@@ -156,6 +156,20 @@ else:
     print("no H200 run committed yet: python bench/sparse_gpu.py --out results/h200/sparse")
 
 # %% [markdown]
+# **What a masked tile costs.** At window 256 and no global token, four of the six key tiles a query tile
+# visits run the masked stage, and FlexAttention's forward still wins (0.85x in the forward; forward +
+# backward 1.01x, results/h200/sparse/README.md). ncu says step 09's forward issues about 1.45x
+# FlexAttention's instructions, with nothing waiting on memory. Which ones? No GPU is needed to look:
+# Triton compiles for sm_90 on a laptop, and `bench/experiments/sparse_mask_sass.py` counts the
+# instructions of every loop in the machine code. An unmasked iteration of the forward is 320 of them a
+# thread (8 `HGMMA`, 34 `MUFU.EX2`, the softmax's arithmetic); a masked one 780. Most of the difference is
+# `visible`: `(q - k) < W` and `(k - q) < W` subtract once per *pair*, and the compares, selects and index
+# arithmetic of a 128 x 64 tile pile up. Without the window test the masked iteration is 369. Work that
+# depends only on the row, like q - W, belongs outside the per-pair arithmetic: that is a rewrite of
+# `visible` worth making yourself (`--solutions` compiles another copy of the steps, so you can count
+# your own).
+
+# %% [markdown]
 # ## References
 #
 # - T. Dao, D. Y. Fu, S. Ermon, A. Rudra, C. Ré, *FlashAttention: Fast and Memory-Efficient Exact
