@@ -63,3 +63,37 @@ def test_grades_are_read_from_the_grading_tests_output(tmp_path):
     assert "test_solutions_score_full_marks" in got["grade_solutions"]["how"]
     assert (out / "grade_solutions.log").exists()
     assert got["grade_stubs"]["points"] is None and "did not write" in got["grade_stubs"]["error"]
+
+
+def test_one_call_takes_the_grades_from_the_grading_tests(tmp_path, monkeypatch):
+    """main() with tests and grade: no grader of its own; the grading run gets GPU_CHECK_GRADES and the
+    summary's grade sections come from what that run wrote (a fake run here: no GPU, no pytest)."""
+    import json
+
+    import torch
+
+    from bench import gpu_check
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "abc1234")
+    seen = {}
+
+    def fake_tests(out, workers, budget_s, env, which):
+        seen["which"], seen["env"] = list(which), env.get("GPU_CHECK_GRADES")
+        folder = tmp_path / "out" / "grades"
+        for name, pts, mx in (("grade_solutions", 100.0, 100.0), ("grade_stubs", 0.0, 100.0)):
+            (folder / f"{name}.log").write_text("GRADING-SUMMARY " + json.dumps({"points": pts, "max": mx}) + "\n")
+        return {"runs": {w: _run(5) for w in which}}
+
+    def no_grader(*a, **k):
+        raise AssertionError("the grade part ran the grader itself")
+
+    monkeypatch.setattr(gpu_check, "run_tests", fake_tests)
+    monkeypatch.setattr(gpu_check, "run_grades", no_grader)
+    rc = gpu_check.main(["--parts", "tests,grade", "--out", str(tmp_path / "out")])
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert seen["which"] == list(TEST_RUNS) and seen["env"] == str(tmp_path / "out" / "grades")
+    assert summary["grade_solutions"]["points"] == 100.0 and summary["grade_stubs"]["points"] == 0.0
+    assert "test_solutions_score_full_marks" in summary["grade_solutions"]["how"]
+    assert summary["pytest"]["passed"] == 15 and rc == 0
+    assert not summary["complete"]          # no leaderboard part at this commit
