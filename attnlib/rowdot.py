@@ -32,10 +32,6 @@ def rowdot_kernel(O, DO, OUT,                           # O, dO (A, C, N, D) by 
     tl.store(OUT + ac.to(tl.int64) * N + rows, tl.sum(prod, axis=1), mask=rows < N)
 
 
-def rowdot_grid(n: int, groups: int, block_m: int):
-    return (triton.cdiv(n, block_m), groups)
-
-
 def rowdot_block(d: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_D): 64 rows a program, D padded to a power of two (at least 16)."""
     return 64, max(16, triton.next_power_of_2(d))

@@ -105,6 +105,8 @@ def train(args, hook=None):
     ``hook(i)``, if given, runs before step i and once more with i = steps after the last: the bench
     starts and stops a profiler there.
     """
+    if args.compile_mode and not args.compile:      # before anything is built (under torchrun: before any rank waits)
+        raise SystemExit("capstone train: --compile-mode needs --compile")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -143,8 +145,6 @@ def train(args, hook=None):
         model = _wrap(model, parallel, device, compile=args.compile)
     # After the wrap: FSDP2 replaces the parameters by DTensors, and the optimizer must hold those.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    if args.compile_mode and not args.compile:
-        raise SystemExit("capstone train: --compile-mode needs --compile")
     step_fn = (torch.compile(model, fullgraph=True, mode=args.compile_mode)
                if args.compile and parallel != "fsdp" else model)
 
