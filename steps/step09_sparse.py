@@ -55,8 +55,8 @@ LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
 @triton.jit
 def visible(q_idx, k_idx, WINDOW, N_GLOBAL, IS_CAUSAL: tl.constexpr):
     """True where query ``q_idx`` sees key ``k_idx`` (broadcasting index tiles or tensors)."""
-    # TODO(Step 09): near = |q - k| < WINDOW (two comparisons); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q
-    raise NotImplementedError('Step 09: near = |q - k| < WINDOW (two comparisons); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q')
+    # TODO(Step 09): near = |q - k| < WINDOW as two comparisons of k against q - WINDOW and q + WINDOW (bounds computed per query row, not per pair); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q
+    raise NotImplementedError('Step 09: near = |q - k| < WINDOW as two comparisons of k against q - WINDOW and q + WINDOW (bounds computed per query row, not per pair); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q')
 
 
 @triton.jit
@@ -509,6 +509,12 @@ def sparse_bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
     return cfg
 
 
+def _in_range(window, nq, nk):
+    """The same pattern with a window the kernels' int32 index arithmetic can hold: no |i - j| reaches
+    max(Nq, Nk), so a wider window sees nothing more (``visible`` adds it to a query index)."""
+    return min(int(window), max(nq, nk))
+
+
 @direct_launches
 def forward(q, k, v, window, n_global, is_causal, scale):
     """``(O, LSE)``: O shaped like q, LSE ``(..., Nq)`` float32."""
@@ -516,6 +522,7 @@ def forward(q, k, v, window, n_global, is_causal, scale):
     q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
     B, H, nq, d = q4.shape
     nk = k4.shape[2]
+    window = _in_range(window, nq, nk)
     o = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     o4 = as_bhnd(o)
@@ -541,6 +548,7 @@ def backward(q, k, v, o, lse, do, window, n_global, is_causal, scale, split=None
     q4, k4, v4, do4 = (as_bhnd(t) for t in (q, k, v, do))
     B, H, nq, d = q4.shape
     nk = k4.shape[2]
+    window = _in_range(window, nq, nk)
     bd, prec = _pow2_dim(d), _dot_precision(q.dtype)
     # D = rowsum(dO * O), fp32, one kernel (attnlib/rowdot.py: PyTorch's three took 0.42 ms at N = 32k)
     delta = q.new_empty((B * H, nq), dtype=torch.float32)

@@ -96,6 +96,19 @@ def test_dense_contract(load, is_causal):
     check_attention(step.attention, q, k, v, is_causal=is_causal)
 
 
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_window_past_int32_is_the_dense_pattern(load, is_causal):
+    """A window of 2**31 - 1 or more sees every key: the kernels add the window to a query index in int32,
+    so it must reach them as no wider than the sequence (the same pattern)."""
+    step = load(9)
+    N = 70
+    q, k, v = make_qkv(1, 1, N, N, 16, device=DEVICE, requires_grad=True)
+    ref, _ = reference_attention(q, k, v, is_causal=is_causal)
+    for w in (2 ** 31 - 1, 2 ** 40):
+        o = step.attention_sparse(q, k, v, w, 3, is_causal=is_causal)
+        assert_close(o, ref, name="O", context=f"window={w}, n_global=3 on N={N}: every pair is visible")
+
+
 def test_far_keys_are_never_read(load):
     """Key tiles no query of a tile sees are skipped: keys 256 and on poisoned with NaN, the rows 0-127 (whose
     windows end by key 137, so no tile of up to 128 keys they visit reaches 256) stay finite and right."""
