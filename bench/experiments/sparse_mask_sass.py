@@ -11,20 +11,23 @@ H200), disassemble with the cuobjdump Triton ships, and count the SASS instructi
 backward branch to an earlier address closes a loop body). ``--solutions DIR`` compiles another copy of
 the steps (a variant of ``visible`` in it, say).
 
-Answer (2026-12-01, triton 3.6, main at 5ee4969 against branch sparse-mask). Instructions per loop body,
-one iteration = one 128x64 key tile (forward, 8 warps) or 32x64 / 128x64 tiles (dK/dV / dQ):
+Answer (2026-12-01, triton 3.6). Instructions per loop body, one iteration = one 128x64 key tile (forward,
+8 warps) or 32x64 / 128x64 tiles (dK/dV / dQ), for three statements of ``visible`` (causal):
 
-| kernel | unmasked stage | masked stage, ``visible`` as ``(q - k) < W & (k - q) < W`` | as ``k > q - W & k < q + W`` | no window test at all |
-|---|---|---|---|---|
-| forward | 320-326 | 780 | 612 | 369 |
-| dQ | 266 | 731 | 559 | |
-| dK/dV | 230-247 | 489-556 | 423-481 | |
+| kernel | unmasked stage | ``(q - k) < W & (k - q) < W``, then the global and causal terms (5ee4969) | ``k > q - W & k < q + W`` (124bc77) | causal form: ``(k > edge or k < G) and k <= q``, edge per row | no window test at all |
+|---|---|---|---|---|---|
+| forward | 319-326 | 780 | 612 | 513-516 | 369 |
+| dQ | 266 | 731 | 559 | 463 | |
+| dK/dV | 230-247 | 489-556 | 423-481 | 387-450 | |
 
-The masked forward iteration cost 2.4x an unmasked one, and most of the difference was ``visible``'s
-per-pair subtractions: computing the bounds q -/+ W once per row (q_idx is a column of rows) takes a
-masked iteration from 780 to 612 instructions, and a query tile at window 256 (two unmasked tiles, four
-masked) from about 3770 to 3100 (-18%); dQ -24% per masked tile, dK/dV -13%. Branch sparse-mask makes
-that change to ``visible``; whether it closes the forward's 0.85x is for the H200 to say.
+A masked forward iteration cost 2.4x an unmasked one, and most of the difference was ``visible``'s
+per-pair arithmetic: a subtraction per pair, then a compare, and the global and causal terms each one
+more compare and logic operation per pair. Computing what depends on the row once per row (q - W, q + W:
+q_idx is a column of rows) took a masked forward iteration from 780 to 612 instructions; writing the
+causal pattern as one left edge per row (moved below key 0 for a global query) and k <= q, with the
+global keys as one more term, to 513-516. A query tile at window 256 (two unmasked key tiles, four
+masked) goes from about 3770 instructions to 2700 (-28%); dQ -37% per masked tile, dK/dV -19%. Timed on
+the H200: results/h200/sparse/README.md.
 
     python bench/experiments/sparse_mask_sass.py                      # solutions/
     python bench/experiments/sparse_mask_sass.py --solutions DIR      # another copy of the steps
