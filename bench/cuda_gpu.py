@@ -76,10 +76,10 @@ VALIDATE = [  # (batch, Nq, Nk, D)
 
 
 def variants(mod, versions, D):
-    """(name, version, config) for every forward timed: each version, and each of v3's tile shapes."""
+    """(name, version, config) for every forward timed: each version, and each of v3's and v4's tile shapes."""
     out = []
     for version in versions:
-        configs = mod.V3_CONFIGS[D] if version == 3 else (0,)
+        configs = mod.V3_CONFIGS[D] if version == 3 else mod.V4_CONFIGS[D] if version == 4 else (0,)
         for c in configs:
             out.append((f"step07-v{version}" + (f"-c{c}" if c else ""), version, c))
     return out
@@ -287,7 +287,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="JSON file for the rows")
     ap.add_argument("--impl", default="solutions")
-    ap.add_argument("--versions", default="1,2,3")
+    ap.add_argument("--versions", default="1,2,3,4", help="v4 (wgmma) is dropped off sm_90")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--ns", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--slow-n", type=int, default=2048, help="largest N for v1")
@@ -325,6 +325,9 @@ def main(argv=None):
     mod.build(verbose=False)
     print(f"build (or cache load): {time.time() - t:.0f} s", flush=True)
     versions = [int(x) for x in args.versions.split(",")]
+    if 4 in versions and torch.cuda.get_device_capability() != (9, 0):
+        print("v4 needs sm_90a (wgmma): not run on this GPU", flush=True)
+        versions.remove(4)
     print("validating against the float64 reference ...", flush=True)
     validate(mod, versions)
     if 3 in versions:

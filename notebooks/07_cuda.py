@@ -17,7 +17,7 @@
 # # Step 07 — FlashAttention in hand-written CUDA, from the first kernel to tensor cores
 #
 # The algorithm of steps 04–06, once more, now as CUDA C++ kernels built into PyTorch with
-# `torch.utils.cpp_extension`. Five kernels, each kept, each checked against the float64 reference before
+# `torch.utils.cpp_extension`. Six kernels, each kept, each checked against the float64 reference before
 # it is timed (the `dev/cuda` habit of llm.c):
 #
 # | file (`steps/csrc/`) | version | what changes |
@@ -25,6 +25,7 @@
 # | `step07_fwd_v1.cu` | forward v1 | the source material's structure: Q/K/V tiles in shared memory, one thread per query row, online softmax state in registers, scalar fp32 |
 # | `step07_fwd_v2.cu` | forward v2 | tensor cores: `mma.sync` m16n8k16 in fp16/bf16 with fp32 accumulation; P goes back to the tensor cores from registers |
 # | `step07_fwd_v3.cu` | forward v3 | `cp.async` double buffering, `ldmatrix`, XOR-swizzled shared memory, 32 rows per warp, base-2 softmax, causal tiles scheduled longest first |
+# | `step07_fwd_v4.cu` | forward v4 | v3 on Hopper's `wgmma` (sm_90a only): warpgroups of 64 rows, Q/K/V read by the tensor cores through shared-memory descriptors, P from registers |
 # | `step07_bwd.cu` | backward v1 | Delta, then a dK/dV kernel and a dQ kernel, scalar fp32 |
 # | `step07_bwd_mma.cu` | backward v2 | the same split on tensor cores |
 #
@@ -246,6 +247,37 @@ check_version(3, (torch.float16, torch.bfloat16))
 show(["sdpa-flash", "step07-v2", "step07-v3"], D=128)
 show(["sdpa-flash", "step07-v2", "step07-v3"], D=64)
 
+# %% [markdown]
+# ### Forward v4: `wgmma` (H100/H200 only)
+#
+# v3 gets to 0.97× of FlashAttention-2 with the Ampere instruction `mma.sync`. Hopper has its own:
+# `wgmma.mma_async`, issued by a *warpgroup* (4 warps, 128 threads) for a 64 × N × 16 product, with the
+# operands read by the tensor cores **straight from shared memory** (A may also come from registers), and
+# asynchronous: the warps issue, go on, and wait for the result when they need it (`wgmma.fence`,
+# `commit_group`, `wait_group`). v4 (`step07_fwd_v4.cu`) keeps v3's algorithm and its `cp.async` loads and
+# changes the products:
+#
+# - S = Q K^T: both operands from shared memory. wgmma finds a tile through a 64-bit **descriptor**: the
+#   start address, two byte strides (LBO, SBO) and a swizzle mode. The tiles use the 128-byte swizzle, v3's
+#   XOR in blocks of 64 columns, so Q and K are "K-major" (D contiguous) as `cp.async` writes them.
+# - O += P V: P from registers (the S accumulator's layout is, 16 keys at a time, the A operand's: the
+#   FlashAttention-3 way); V is "MN-major" (its contiguous dimension is D, the output's), which the
+#   instruction's transpose bit for B selects.
+# - A CTA is two warpgroups, 128 query rows; tiles of 128 × 128 (config 0) or 128 × 64 (config 1).
+#
+# What it does not do yet (FlashAttention-3 does): TMA loads, producer/consumer warp specialization,
+# overlapping one tile's softmax with the next tile's Q K^T. Its speed on an H200 is **not yet measured**;
+# `bench/experiments/cuda_v4_wgmma.py` checks it (probes that name the wrong rows and columns if a
+# descriptor is off, then the float64 grid) and times it beside v3, SDPA-FLASH and cuDNN. The region you
+# write is the descriptor itself:
+
+# %%
+print(region("step07_fwd_v4.cu", "pack the start address"))
+if on_gpu and torch.cuda.get_device_capability() == (9, 0):
+    check_version(4, (torch.float16, torch.bfloat16))
+else:
+    print("v4 runs on sm_90 (H100/H200) only: skipped here")
+
 # %%
 fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), sharey=True)
 Ns = sorted({r["N"] for r in rows})
@@ -413,11 +445,12 @@ show(["sdpa-flash", "step07-bwd1", "step07-bwd2"], mode="bwd")
 # | forward v1, scalar fp32 | ≈ 9 TFLOP/s (N=1024) | — |
 # | forward v2, `mma.sync` | 55 TFLOP/s | ≈ 6× |
 # | forward v3, `cp.async` + `ldmatrix` + swizzle + 32 rows/warp | 340 TFLOP/s, 0.97× SDPA-FLASH | ≈ 6× |
+# | forward v4, `wgmma` from shared-memory descriptors (sm_90a) | not yet measured | not yet measured |
 # | backward v1, scalar | 6.8 TFLOP/s (N=1024) | — |
 # | backward v2, `mma.sync` | 231 TFLOP/s, 0.75× SDPA-FLASH | ≈ 34× |
 #
-# What is left, for the curious: Hopper's own instructions (`wgmma` from shared memory, the TMA copy
-# engine, warp specialization) are what FlashAttention-3 adds (its paper reports up to about 740 TFLOP/s in
+# What is left, for the curious: beyond v4's `wgmma`, Hopper's TMA copy engine, warp specialization and
+# the overlap of softmax with the next product are what FlashAttention-3 adds (its paper reports up to about 740 TFLOP/s in
 # fp16 on an H100); a persistent grid would help causal load balance; the 48-byte spill of v3 sits in the
 # prefetch path.
 #

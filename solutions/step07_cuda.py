@@ -6,6 +6,9 @@ The same algorithm as steps 04-06, written as CUDA C++ kernels in ``csrc/``:
     csrc/step07_fwd_v2.cu   v2: tensor cores (mma.sync m16n8k16), fp16/bf16, fp32 accumulation
     csrc/step07_fwd_v3.cu   v3: v2 + cp.async double buffering, ldmatrix, swizzled shared
                             memory, 128-row tiles (the production techniques)
+    csrc/step07_fwd_v4.cu   v4: v3 with both products on Hopper's wgmma (warpgroup MMA,
+                            operands read from shared memory through descriptors, P from
+                            registers); sm_90a only (H100/H200)
     csrc/step07_bwd.cu      backward v1: Delta, then dK/dV and dQ kernels, scalar fp32 (any dtype)
     csrc/step07_bwd_mma.cu  backward v2: the same split on tensor cores (fp16/bf16)
     csrc/step07_binding.cpp the torch glue (the only file that includes torch)
@@ -24,8 +27,12 @@ the first time it is called (a minute or so), then loads the cached module:
   1.2e-38) to zero -- probabilities that small add nothing to a row sum near 1.
   Outside a kernel checked against a float64 reference, measure before you trust
   it. And ``-gencode arch=compute_XY,code=sm_XY`` for this GPU's architecture
-  (sm_90 on an H100/H200, sm_80 on an A100): machine code for this chip and no
-  other, so nothing is JIT-compiled from PTX when the module loads.
+  (sm_90a on an H100/H200, sm_80 on an A100): machine code for this chip and no
+  other, so nothing is JIT-compiled from PTX when the module loads. On 9.0 the
+  target is ``sm_90a``, not ``sm_90``: the "a" (architecture-specific) features,
+  wgmma among them, exist only there, and v4 needs them; code built for sm_90a runs
+  on sm_90 GPUs only. Elsewhere v4's kernel compiles to an empty body and
+  ``attention(..., version=4)`` is refused with a ValueError before any launch.
 - cache: the build directory is ``$ATTN_BUILD_DIR`` (default
   ``~/.cache/attn-course``) / ``attn_step07_<hash>``, the hash taken over every
   source file, the flags and the torch version. Edit a kernel and the hash
@@ -47,18 +54,23 @@ from attnlib import check_inputs
 from attnlib.ops import extension_op, op_namespace
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_bwd.cu",
-           "step07_bwd_mma.cu"]
+SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_fwd_v4.cu",
+           "step07_bwd.cu", "step07_bwd_mma.cu"]
 HEADERS = ["step07_launch.h", "step07_common.cuh"]
-VERSIONS = (1, 2, 3)
+VERSIONS = (1, 2, 3, 4)
 # v3's tile shapes (FlashAttentionCUDA's `config`; 0 is what attention() uses):
 # see launch_d in csrc/step07_fwd_v3.cu. bench/cuda_gpu.py times them all.
 V3_CONFIGS = {64: (0, 1, 2, 3), 128: (0, 1, 2)}
+# v4's tile shapes (launch_d in csrc/step07_fwd_v4.cu): 0 = 128 x 128, 1 = 128 x 64.
+V4_CONFIGS = {64: (0, 1), 128: (0, 1)}
+# Versions that need a particular GPU: v4's wgmma exists on compute capability 9.0 only.
+ARCH_ONLY = {4: (9, 0)}
 HEAD_DIMS = (64, 128)
 DTYPES = {
     1: (torch.float32, torch.float16, torch.bfloat16),
     2: (torch.float16, torch.bfloat16),
     3: (torch.float16, torch.bfloat16),
+    4: (torch.float16, torch.bfloat16),
 }
 NVCC_FLAGS = ["-O3", "--use_fast_math", "-lineinfo"]   # cpp_extension adds -std=c++17/20 itself
 
@@ -76,9 +88,20 @@ def find_nvcc() -> str | None:
 
 
 def arch_flags(capability: tuple[int, int]) -> list[str]:
-    """``-gencode`` for one GPU: (9, 0) -> sm_90 (H100/H200), (8, 0) -> sm_80 (A100)."""
-    cc = f"{capability[0]}{capability[1]}"
+    """``-gencode`` for one GPU: (9, 0) -> sm_90a (H100/H200: the "a" is what gives v4 its wgmma),
+    (8, 0) -> sm_80 (A100)."""
+    cc = f"{capability[0]}{capability[1]}" + ("a" if tuple(capability) == (9, 0) else "")
     return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
+
+
+def check_version_arch(version: int, capability: tuple[int, int], where: str = "step07") -> None:
+    """ValueError when ``version`` cannot run on a GPU of this compute capability (v4: 9.0 only)."""
+    need = ARCH_ONLY.get(version)
+    if need is not None and tuple(capability) != need:
+        raise ValueError(
+            f"{where}: forward v{version} uses wgmma (warpgroup tensor-core instructions), which only "
+            f"sm_{need[0]}{need[1]}a GPUs (H100/H200) have; this GPU is compute capability "
+            f"{capability[0]}.{capability[1]}. Use version=3 here.")
 
 
 def build(verbose: bool = False):
@@ -130,6 +153,7 @@ def _validate(q, k, v, is_causal, scale, version, where):
         raise ValueError(f"{where}: no forward version {version!r}; versions are {list(VERSIONS)}")
     if q.device.type != "cuda":
         raise ValueError(f"{where}: the CUDA kernels need CUDA tensors, got {q.device}: move q, k, v with .cuda()")
+    check_version_arch(version, torch.cuda.get_device_capability(q.device), where)
     return s
 
 
@@ -147,7 +171,7 @@ def _flat(t):
 # The compiler cannot look inside compiled CUDA: the fakes tell it the output shapes, and
 # step07_fwd's autograd formula calls step07_bwd.
 
-FWD_FILES = {1: "step07_fwd_v1.cu", 2: "step07_fwd_v2.cu", 3: "step07_fwd_v3.cu"}
+FWD_FILES = {1: "step07_fwd_v1.cu", 2: "step07_fwd_v2.cu", 3: "step07_fwd_v3.cu", 4: "step07_fwd_v4.cu"}
 BWD_FILES = {1: "step07_bwd.cu", 2: "step07_bwd_mma.cu"}
 
 
@@ -192,7 +216,7 @@ def _bwd_fake(q, k, v, o, lse, do, is_causal, scale, bwd_version):
 
 
 def default_bwd_version(version, dtype):
-    """Forward v1 (and any fp32 input) pairs with backward v1, v2 and v3 with v2 (tensor cores)."""
+    """Forward v1 (and any fp32 input) pairs with backward v1, v2, v3 and v4 with v2 (tensor cores)."""
     return 1 if version == 1 or dtype == torch.float32 else 2
 
 
@@ -223,9 +247,9 @@ class FlashAttentionCUDA(torch.autograd.Function):
 
     ``apply(q, k, v, is_causal=False, scale=None, version=3, config=0, bwd_version=None)`` -> O.
     Saves q, k, v, o and exactly one LSE (float32, (..., Nq), natural log).
-    ``config`` picks v3's tile shape (V3_CONFIGS); the other versions ignore it.
+    ``config`` picks v3's tile shape (V3_CONFIGS) or v4's (V4_CONFIGS); v1 and v2 ignore it.
     ``bwd_version``: 1, the scalar backward, or 2, the tensor-core one; by default
-    forward v1 (and any fp32 input) is paired with backward v1, v2 and v3 with v2.
+    forward v1 (and any fp32 input) is paired with backward v1, v2, v3 and v4 with v2.
     """
 
     @staticmethod
@@ -248,6 +272,6 @@ def attention_with_lse(q, k, v, is_causal=False, scale=None, version=3):
 
 
 def attention(q, k, v, is_causal=False, scale=None, version=3):
-    """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2 or 3)."""
+    """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2, 3, or 4 on sm_90)."""
     s = _validate(q, k, v, is_causal, scale, version, "step07 attention")
     return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)

@@ -60,6 +60,58 @@ def test_every_cu_file_compiles(tmp_path):
     assert not failed, "nvcc failed on:\n" + "\n".join(failed)
 
 
+
+def _cuobjdump() -> str | None:
+    """cuobjdump from the CUDA toolkit, else the copy Triton ships (pip wheels have no toolkit)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(cand) if cand.exists() else None
+
+
+def compile_v4(tmp_path, arch: str):
+    """Compile the implementation's step07_fwd_v4.cu to a cubin for ``arch`` with ``-Xptxas -v``;
+    return (ptxas report, SASS)."""
+    nvcc, cuobjdump = shutil.which("nvcc"), _cuobjdump()
+    if nvcc is None or cuobjdump is None:
+        pytest.skip("needs nvcc and cuobjdump (the CUDA toolkit, or Triton's copy) to read v4's machine code")
+    src = impl_root() / "csrc" / "step07_fwd_v4.cu"
+    cubin = tmp_path / f"v4_{arch}.cubin"
+    flags = [f for f in NVCC_FLAGS if not f.startswith("-gencode")]
+    r = subprocess.run([nvcc, *flags, f"-gencode=arch=compute_{arch[3:]},code={arch}", "-Xptxas", "-v",
+                        "-cubin", str(src), "-o", str(cubin)], capture_output=True, text=True)
+    assert r.returncode == 0, f"nvcc failed on step07_fwd_v4.cu for {arch}:\n{r.stderr[-3000:]}"
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True).stdout
+    return r.stdout + r.stderr, sass
+
+
+def test_v4_is_wgmma_without_spills(load, tmp_path):
+    """v4 for sm_90a: every kernel instance spills nothing, and the tensor-core work is HGMMA (wgmma),
+    not HMMA (mma.sync) -- the machine code is what the source claims. (A stub's descriptor is a
+    constant 0 and nvcc drops the whole kernel: hence "not implemented" first.)"""
+    load(7).refuse_unwritten("step07_fwd_v4.cu")
+    report, sass = compile_v4(tmp_path, "sm_90a")
+    kernels = report.count("Compiling entry function")
+    assert kernels == 8, f"expected 8 instances of the v4 kernel (2 dtypes x 2 head dims x 2 tiles), ptxas saw {kernels}"
+    spills = [line.strip() for line in report.splitlines()
+              if "spill" in line and not line.strip().startswith("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")]
+    assert not spills, "v4 spills registers:\n" + "\n".join(spills)
+    assert "HGMMA" in sass, "no HGMMA in v4's SASS: wgmma did not compile to warpgroup tensor-core instructions"
+    assert "HMMA" not in sass.replace("HGMMA", ""), "v4's SASS still has mma.sync (HMMA) instructions"
+
+
+def test_v4_is_a_stub_off_sm90a(tmp_path):
+    """Built for plain sm_90 (no "a"), as the sm_80 build or an old arch_flags would: it still compiles,
+    to a kernel with no wgmma (the #if on __CUDA_ARCH_FEAT_SM90_ALL), which step07_cuda.py never launches."""
+    _, sass = compile_v4(tmp_path, "sm_90")
+    assert "HGMMA" not in sass
+
+
 # ------------------------------------------------------------------ clear errors (CPU)
 
 def test_unsupported_head_dim_is_a_value_error(load):
@@ -82,7 +134,7 @@ def test_unknown_version_is_a_value_error(load):
     m = load(7)
     q, k, v = make_qkv(1, 1, 8, D=64, dtype=torch.float16)
     with pytest.raises(ValueError, match="version"):
-        m.attention(q, k, v, version=4)
+        m.attention(q, k, v, version=5)
 
 
 def test_cpu_tensors_are_a_value_error(load):
@@ -107,9 +159,18 @@ def test_build_without_gpu_is_a_runtime_error(load):
         m.build()
 
 
+def test_v4_refused_off_sm90(load):
+    m = load(7)
+    m.check_version_arch(4, (9, 0))
+    m.check_version_arch(3, (8, 0))
+    for cap in [(8, 0), (8, 9), (10, 0), (12, 0)]:
+        with pytest.raises(ValueError, match="wgmma.*sm_90a.*" + f"{cap[0]}\\.{cap[1]}"):
+            m.check_version_arch(4, cap)
+
+
 def test_arch_flags(load):
     m = load(7)
-    assert m.arch_flags((9, 0)) == ["-gencode=arch=compute_90,code=sm_90"]
+    assert m.arch_flags((9, 0)) == ["-gencode=arch=compute_90a,code=sm_90a"]   # v4's wgmma needs the "a"
     assert m.arch_flags((8, 0)) == ["-gencode=arch=compute_80,code=sm_80"]
 
 

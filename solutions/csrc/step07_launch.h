@@ -18,6 +18,11 @@
 //                         XOR-swizzled shared memory, 32 rows per
 //                         warp (128 x 64 tiles), base-2 softmax    340 (x0.97)  317 (x0.97)
 //       (D = 64: 313 (x1.02) and 306 (x1.02); at N >= 4096, D = 128: x0.95-0.98)
+//   v4  step07_fwd_v4.cu  v3 with both products on wgmma (sm_90a only):
+//                         warpgroups of 64 rows, Q/K/V read by the
+//                         tensor cores through shared-memory
+//                         descriptors (128-byte swizzle), P from
+//                         registers                                 not yet measured
 //   backward (dQ, dK, dV; FLOPs counted as 2.5 x forward)
 //   v1  step07_bwd.cu     Delta, then dK/dV and dQ kernels, scalar
 //                         fp32 (any dtype)                          7 (x0.03)*   6 (x0.04)*
@@ -25,7 +30,7 @@
 //   * at N = 1024 (B = 16): the scalar versions take seconds per call at N = 16384.
 //
 // The Python side (solutions/step07_cuda.py) pairs forward v1 with backward v1
-// and forwards v2, v3 with backward v2.
+// and forwards v2, v3, v4 with backward v2.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,7 +51,7 @@ struct FwdParams {
     float scale;        // softmax scale, usually 1/sqrt(D)
     bool causal;        // top-left: query i sees keys j <= i
     DType dtype;
-    int config;         // v3 only: which tile shape (0 = the default; see step07_fwd_v3.cu)
+    int config;         // v3, v4: which tile shape (0 = the default; see launch_d in their .cu)
 };
 
 struct BwdParams {
@@ -67,6 +72,7 @@ struct BwdParams {
 cudaError_t fwd_v1(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v2(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v3(const FwdParams& p, cudaStream_t stream);
+cudaError_t fwd_v4(const FwdParams& p, cudaStream_t stream);   // sm_90a only (wgmma)
 cudaError_t bwd(const BwdParams& p, cudaStream_t stream);       // scalar fp32 math, any dtype
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream);   // tensor cores, fp16/bf16
 

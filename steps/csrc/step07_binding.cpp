@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <ATen/cuda/CUDAContext.h>
 
 #include <vector>
 
@@ -57,13 +58,19 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
     p.o = o.data_ptr(); p.lse = lse.data_ptr<float>();
     p.bh = (int)bh; p.nq = (int)q.size(1); p.nk = (int)k.size(1); p.d = (int)d;
     p.scale = (float)scale; p.causal = causal; p.dtype = dtype_of(q); p.config = (int)config;
-    TORCH_CHECK(version >= 1 && version <= 3, "step07: no forward version ", version, " (there are 1, 2, 3)");
+    TORCH_CHECK(version >= 1 && version <= 4, "step07: no forward version ", version, " (there are 1, 2, 3, 4)");
+    if (version == 4) {
+        const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+        TORCH_CHECK(prop->major == 9 && prop->minor == 0, "step07: forward v4 uses wgmma, which needs an sm_90a GPU "
+                    "(H100/H200); this one is ", prop->major, ".", prop->minor);
+    }
     TORCH_CHECK(version == 1 || p.dtype != step07::DType::f32,
                 "step07: forward v", version, " uses fp16/bf16 tensor cores; fp32 runs on v1 only");
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const cudaError_t err = version == 1 ? step07::fwd_v1(p, stream)
                           : version == 2 ? step07::fwd_v2(p, stream)
-                                         : step07::fwd_v3(p, stream);
+                          : version == 3 ? step07::fwd_v3(p, stream)
+                                         : step07::fwd_v4(p, stream);
     TORCH_CHECK(err == cudaSuccess, "step07: forward v", version, " (config ", config, ") failed to launch: ",
                 cudaGetErrorString(err));
     return {o, lse};
@@ -104,7 +111,7 @@ std::vector<at::Tensor> bwd(const at::Tensor& q, const at::Tensor& k, const at::
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.doc() = "Step 07: FlashAttention in CUDA: forward v1 scalar, v2 mma.sync, v3 cp.async+ldmatrix; backward v1 scalar, v2 mma.sync";
+    m.doc() = "Step 07: FlashAttention in CUDA: forward v1 scalar, v2 mma.sync, v3 cp.async+ldmatrix, v4 wgmma (sm_90a); backward v1 scalar, v2 mma.sync";
     m.def("fwd", &fwd, "forward: (q, k, v, causal, scale, version, config) -> [o, lse]");
     m.def("bwd", &bwd, "backward: (q, k, v, o, lse, dout, causal, scale, version) -> [dq, dk, dv]");
 }
