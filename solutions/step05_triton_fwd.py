@@ -30,7 +30,9 @@ loop (``_fwd_inner``), the kernel (``_attn_fwd_kernel``), the tile table
 (``fwd_op``: ``torch.library.triton_op``, so ``torch.compile`` can hold it; see
 attnlib/ops.py), the autograd Function whose backward is step 04's PyTorch one
 (``FlashAttentionTritonFwd.apply(q, k, v, is_causal)``, as CS336 calls it), and the
-public ``attention``.
+public ``attention``. Between the kernel and the table: the opt-in TMA kernel
+(``_attn_fwd_tma_kernel``); its launcher ``forward_tma`` follows ``forward``. The epilogue's
+arithmetic is the helper ``finish_rows``, shared by both kernels.
 
 Coverage: any Nq, Nk >= 1 (the last tiles are masked), head dims 1..256 (padded
 to the next power of two >= 16 with masked loads: 80 and 96 run as 128), fp32
@@ -40,11 +42,14 @@ when their strides allow it and copied once otherwise). On a CPU it runs in
 Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported),
 where bf16 dots are wrong: use fp32 or fp16 there.
 
-Not done here (the next steps on Hopper, and why cuDNN's backend is still 5-40%
-faster): TMA bulk copies through tensor descriptors instead of cp.async pointer
-loads, and warp specialization (producer warps that only load, consumer warps that
-only compute). An experiment with TMA (bench/experiments/triton_fwd_tma.py, results/h200/triton/)
-found no gain at D=64 and 1.13-1.17x at D=128 with 128x128 tiles.
+Opt-in TMA (``attention(..., tma=True)``): ``_attn_fwd_tma_kernel`` moves Q, K, V and O by
+Hopper's bulk tensor copies through 4-D tensor descriptors (any N: tiles past N are zero-filled, and
+the masked stage hides the padded keys), with the same helpers; ``tma_unsupported`` says why it
+cannot run where it cannot (a ValueError, never a silent fallback). An experiment with a TMA copy of
+this kernel (bench/experiments/triton_fwd_tma.py, results/h200/triton/) found 1.02-1.11x over pointer
+loads at the same tiles at D=128 and nothing at D=64; this file's TMA kernel is not yet measured on a
+GPU (bench/experiments/triton_fwd_tma_course.py). Not done here: warp specialization (producer warps
+that only load, consumer warps that only compute; NaN or slower in Triton 3.6, same experiment).
 """
 
 import torch
