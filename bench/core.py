@@ -128,6 +128,7 @@ def implementations(impl_root="solutions", device="cpu"):
     add("step04", 4)
     add("step04-compiled", 4, fn="attention_compiled")
     add("step05", 5)
+    add("step05-tma", 5, tma=True)        # opt-in TMA loads; a ValueError row ("unsupported: ...") where TMA cannot run
     add("step06", 6)
     add("step07", 7)
     return impls

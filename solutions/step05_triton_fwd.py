@@ -30,7 +30,9 @@ loop (``_fwd_inner``), the kernel (``_attn_fwd_kernel``), the tile table
 (``fwd_op``: ``torch.library.triton_op``, so ``torch.compile`` can hold it; see
 attnlib/ops.py), the autograd Function whose backward is step 04's PyTorch one
 (``FlashAttentionTritonFwd.apply(q, k, v, is_causal)``, as CS336 calls it), and the
-public ``attention``.
+public ``attention``. Between the kernel and the table: the opt-in TMA kernel
+(``_attn_fwd_tma_kernel``); its launcher ``forward_tma`` follows ``forward``. The epilogue's
+arithmetic is the helper ``finish_rows``, shared by both kernels.
 
 Coverage: any Nq, Nk >= 1 (the last tiles are masked), head dims 1..256 (padded
 to the next power of two >= 16 with masked loads: 80 and 96 run as 128), fp32
@@ -40,11 +42,14 @@ when their strides allow it and copied once otherwise). On a CPU it runs in
 Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported),
 where bf16 dots are wrong: use fp32 or fp16 there.
 
-Not done here (the next steps on Hopper, and why cuDNN's backend is still 5-40%
-faster): TMA bulk copies through tensor descriptors instead of cp.async pointer
-loads, and warp specialization (producer warps that only load, consumer warps that
-only compute). An experiment with TMA (bench/experiments/triton_fwd_tma.py, results/h200/triton/)
-found no gain at D=64 and 1.13-1.17x at D=128 with 128x128 tiles.
+Opt-in TMA (``attention(..., tma=True)``): ``_attn_fwd_tma_kernel`` moves Q, K, V and O by
+Hopper's bulk tensor copies through 4-D tensor descriptors (any N: tiles past N are zero-filled, and
+the masked stage hides the padded keys), with the same helpers; ``tma_unsupported`` says why it
+cannot run where it cannot (a ValueError, never a silent fallback). An experiment with a TMA copy of
+this kernel (bench/experiments/triton_fwd_tma.py, results/h200/triton/) found 1.02-1.11x over pointer
+loads at the same tiles at D=128 and nothing at D=64; this file's TMA kernel is not yet measured on a
+GPU (bench/experiments/triton_fwd_tma_course.py). Not done here: warp specialization (producer warps
+that only load, consumer warps that only compute; NaN or slower in Triton 3.6, same experiment).
 """
 
 import torch
@@ -53,7 +58,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from attnlib import check_inputs
-from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_namespace, raise_if_stubbed, tiles
+from attnlib.ops import _traced, configured, direct_launches, eager_fast, kernel_op, op_namespace, raise_if_stubbed, tiles
 
 from .step04_flash_torch import BLOCK_K, BLOCK_Q, backward_strips
 
@@ -148,6 +153,21 @@ def key_range(start_m, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAU
         hi = N_K
     # <<< STUDENT
     return hi_full, hi
+
+
+@triton.jit
+def finish_rows(acc, l_i, m_i):
+    """The epilogue's arithmetic, after the last key tile: ``(O, LSE)`` of the query tile.
+
+    ``O = acc / l_i`` (the division happens once, here, not per tile); the LSE is the log of each
+    row's softmax denominator in *natural* log, as the contract says, while ``m_i`` and ``l_i`` are
+    kept in base 2. Both kernels (pointer loads and TMA) end with this.
+    """
+    # >>> STUDENT: epilogue: O = acc / l_i; LSE = (m_i + log2(l_i)) * LN2 (natural log); return both
+    o = acc * (1.0 / l_i)[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2
+    # <<< STUDENT
+    return o, lse
 
 
 # %% Warm-ups: each helper launched alone -------------------------------------------
@@ -365,12 +385,107 @@ def _attn_fwd_kernel(
                                offs_m, offs_d, hi_full, hi, N_K, qk_scale,
                                HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
 
-    # >>> STUDENT: epilogue: O = acc / l_i; LSE = (m_i + log2(l_i)) * LN2 (natural log); store O with store_tile and LSE with tl.store, both only for rows < N_Q
-    o = acc * (1.0 / l_i)[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2
+    # Epilogue: rows past N_Q are computed (on zero queries) but never stored.
+    o, lse = finish_rows(acc, l_i, m_i)
     store_tile(O, o, offs_m, offs_d, stride_om, stride_od, N_Q, HEAD_DIM)
     tl.store(LSE + offs_m, lse, mask=offs_m < N_Q)
-    # <<< STUDENT
+
+
+# %% The kernel with TMA loads (opt-in: attention(..., tma=True)) ----------------------
+#
+# Hopper (sm_90) copies whole tiles between global and shared memory with one instruction, the
+# Tensor Memory Accelerator, driven by a 128-byte *tensor descriptor*: base address, shape, strides,
+# box (tile) shape. Triton 3.6 exposes it as ``desc.load([offsets])`` / ``desc.store([offsets], x)``
+# on a descriptor that is either built on the host (``triton.tools.tensor_descriptor.TensorDescriptor``,
+# passed as a kernel argument) or in the kernel (``tl.make_tensor_descriptor``, written to global
+# scratch that ``triton.set_allocator`` provides). The kernel below takes either (``_as_descriptor``).
+#
+# Each descriptor is 4-D over the (B, H, N, D) tensor with a box of [1, 1, BLOCK, D]: a tile that
+# runs past N (the last query tile, the last key tile) is zero-filled by the hardware within its own
+# (batch, head), never read from the next head, and a store past Nq is dropped. Zero-filled keys
+# still score 0, not -inf: the masked stage (``online_softmax_tile`` with MASKED) hides them, exactly
+# as it hides the zeros ``load_tile`` returns past N_K. The math is the pointer kernel's, through the
+# same helpers (``key_range``, ``online_softmax_tile``, ``finish_rows``); only the moves differ.
+# What TMA cannot address is refused on the host (``tma_unsupported``), never silently sent to the
+# pointer kernel.
+
+@triton.jit
+def _as_descriptor(desc_or_ptr, B, H, N, stride_b, stride_h, stride_n,
+                   BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A (B, H, N, HEAD_DIM) descriptor with a [1, 1, BLOCK, HEAD_DIM] box: a host descriptor as is,
+    a pointer made into one here (the kernel is compiled once for each kind of argument)."""
+    if isinstance(desc_or_ptr, tl.tensor_descriptor):
+        return desc_or_ptr
+    else:
+        return tl.make_tensor_descriptor(desc_or_ptr, shape=[B, H, N, HEAD_DIM],
+                                         strides=[stride_b, stride_h, stride_n, 1],
+                                         block_shape=[1, 1, BLOCK, HEAD_DIM])
+
+
+@triton.jit
+def _fwd_inner_tma(acc, l_i, m_i, q,         # running state (fp32) and the Q tile
+                   desc_k, desc_v,           # K and V descriptors, box [1, 1, BLOCK_N, HEAD_DIM]
+                   b, h,                     # this program's batch and head
+                   offs_m, lo, hi, N_K,      # query rows; key range [lo, hi) of this stage; key length
+                   qk_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``_fwd_inner`` with the two tile loads done by TMA (rows past N_K arrive as zeros)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = desc_k.load([b, h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)      # (1, 1, BLOCK_N, D) -> (BLOCK_N, D)
+        v = desc_v.load([b, h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        acc, l_i, m_i = online_softmax_tile(acc, l_i, m_i, q, k, v, offs_m, offs_n, N_K, qk_scale,
+                                            MASKED, IS_CAUSAL, DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_tma_kernel(
+    desc_q, desc_k, desc_v, desc_o,                        # host descriptors, or pointers to (B, H, N, D) tensors
+    LSE,                                                   # (B*H, Nq) fp32, contiguous
+    stride_qb, stride_qh, stride_qm,                       # strides in elements (the last one is 1);
+    stride_kb, stride_kh, stride_kn,                       # read only when a pointer is passed
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    B, H, N_Q, N_K,                                        # batch, heads, query and key lengths
+    qk_scale,                                              # softmax scale * log2(e)
+    HEAD_DIM: tl.constexpr,                                # D: a power of two, the descriptors' last box dim
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    qk_scale = tl.cast(qk_scale, tl.float32)               # fp64 under Inductor: see _attn_fwd_kernel
+    pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m             # heaviest query tiles first
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    desc_q = _as_descriptor(desc_q, B, H, N_Q, stride_qb, stride_qh, stride_qm, BLOCK_M, HEAD_DIM)
+    desc_k = _as_descriptor(desc_k, B, H, N_K, stride_kb, stride_kh, stride_kn, BLOCK_N, HEAD_DIM)
+    desc_v = _as_descriptor(desc_v, B, H, N_K, stride_vb, stride_vh, stride_vn, BLOCK_N, HEAD_DIM)
+    desc_o = _as_descriptor(desc_o, B, H, N_Q, stride_ob, stride_oh, stride_om, BLOCK_M, HEAD_DIM)
+    LSE += bh.to(tl.int64) * N_Q
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)   # rows past N_Q: zeros
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    hi_full, hi = key_range(start_m, N_K, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    acc, l_i, m_i = _fwd_inner_tma(acc, l_i, m_i, q, desc_k, desc_v, b, h, offs_m, 0, hi_full, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_N, False, IS_CAUSAL, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_inner_tma(acc, l_i, m_i, q, desc_k, desc_v, b, h, offs_m, hi_full, hi, N_K, qk_scale,
+                                   HEAD_DIM, BLOCK_N, True, IS_CAUSAL, DOT_PRECISION)
+
+    o, lse = finish_rows(acc, l_i, m_i)
+    desc_o.store([b, h, start_m, 0], o.to(q.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))   # rows past N_Q dropped
+    tl.store(LSE + offs_m, lse, mask=offs_m < N_Q)
 
 
 # %% Tile sizes -------------------------------------------------------------------
@@ -476,11 +591,16 @@ def _dot_precision(dtype):
 
 
 @direct_launches
-def forward(q, k, v, is_causal, scale, config=None):
+def forward(q, k, v, is_causal, scale, config=None, tma=False, descriptors=None):
     """Run the kernel: ``(O, LSE)`` with O shaped like q (contiguous) and LSE ``(..., Nq)`` float32.
 
     ``scale`` must already be resolved (a float). ``config`` overrides ``dense_fwd_config``.
+    ``tma``: the TMA kernel (``_attn_fwd_tma_kernel``) instead, or a ValueError saying why it cannot
+    run here; ``descriptors`` ("host" or "device") picks how it gets its descriptors (default: host
+    ones in eager mode, device ones when a compiler traces the call: see ``forward_tma``).
     """
+    if tma:
+        return forward_tma(q, k, v, is_causal, scale, config, descriptors)
     raise_if_stubbed(_attn_fwd_kernel)
     q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
     B, H, nq, d = q4.shape
@@ -500,25 +620,138 @@ def forward(q, k, v, is_causal, scale, config=None):
     return o, lse
 
 
+TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TMA_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def _tma_strides(t4):
+    """``t4``'s strides in elements, with any stride of a size-1 dim replaced by a contiguous one
+    (it is never stepped over, but TMA still wants it 16-byte aligned)."""
+    strides = list(t4.stride())
+    for i in range(2, -1, -1):
+        if t4.shape[i] == 1:
+            strides[i] = strides[i + 1] * t4.shape[i + 1]
+    return strides
+
+
+def tma_unsupported(q, k, v):
+    """Why the TMA kernel cannot run on these inputs (a sentence), or None when it can.
+
+    q, k, v as ``attention`` takes them. TMA needs: an sm_90+ GPU (or Triton's interpreter on a CPU);
+    fp16, bf16 or fp32; a head dim that is a power of two from 16 to 256 (the descriptor's box is
+    D wide and this kernel does not pad it); for each of q, k, v viewed as (B, H, N, D): a last dim
+    with stride 1, every other stride a multiple of 16 bytes, and a 16-byte aligned start.
+    """
+    dev = q.device
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        if major < 9:
+            return (f"TMA (tensor descriptors) needs an sm_90 or newer GPU (Hopper); "
+                    f"{torch.cuda.get_device_name(dev)} is sm_{major}{minor}")
+    elif dev.type == "cpu":
+        from attnlib.ops import interpreting
+        if not interpreting():
+            return "on a CPU the kernel runs only in Triton's interpreter (TRITON_INTERPRET=1 before triton is imported)"
+    else:
+        return f"TMA needs a CUDA GPU (sm_90+), got a {dev.type} tensor"
+    if q.dtype not in TMA_DTYPES:
+        return f"the TMA kernel runs fp16, bf16 and fp32, not {q.dtype}"
+    d = q.shape[-1]
+    if d not in TMA_HEAD_DIMS:
+        return f"the TMA kernel needs a head dim D in {TMA_HEAD_DIMS} (its tile is exactly D wide), got D = {d}"
+    size = q.element_size()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        t4 = as_bhnd(t)
+        if t4.stride(-1) != 1:
+            return (f"TMA needs {name}'s last dim contiguous (stride 1), got stride {t4.stride(-1)}: "
+                    f"pass {name}.contiguous() or tma=False")
+        bad = [st for st in _tma_strides(t4)[:3] if (st * size) % 16]
+        if bad:
+            return (f"TMA needs every stride of {name} (viewed as (B, H, N, D)) to be a multiple of 16 bytes; "
+                    f"strides {tuple(t4.stride())} x {size} bytes are not")
+        if not _traced((t,)) and t4.data_ptr() % 16:
+            return f"TMA needs {name} to start at a 16-byte aligned address (a slice at an odd offset?)"
+    return None
+
+
+def _ensure_allocator(device):
+    """Device-side descriptors live in global scratch that Triton asks ``triton.set_allocator`` for.
+
+    Set one (PyTorch's caching allocator) only if nobody has: Inductor sets its own before its launches.
+    """
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+
+
+@direct_launches
+def forward_tma(q, k, v, is_causal, scale, config=None, descriptors=None):
+    """``forward`` through ``_attn_fwd_tma_kernel``: the same ``(O, LSE)`` contract, the same tiles.
+
+    Raises ValueError (``tma_unsupported``'s reason) where TMA cannot be used: never a silent fallback.
+    descriptors: "host" (``TensorDescriptor`` built here, passed to the kernel) or "device" (pointers
+    passed, ``tl.make_tensor_descriptor`` in the kernel). Default: host in eager mode (6% faster on the
+    H200 at D = 64 in bench/experiments/triton_fwd_tma.py), device when a compiler traces the call:
+    PyTorch 2.13 traces a host descriptor through ``wrap_triton`` under Dynamo only, not inside a
+    ``triton_op``, whose kernels then see plain tensors.
+    """
+    raise_if_stubbed(_attn_fwd_tma_kernel)
+    why = tma_unsupported(q, k, v)
+    if why:
+        raise ValueError(f"step05 attention(tma=True): {why}")
+    if descriptors is None:
+        descriptors = "device" if _traced((q, k, v)) else "host"
+    if descriptors not in ("host", "device"):
+        raise ValueError(f"descriptors must be 'host' or 'device', got {descriptors!r}")
+    q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
+    B, H, nq, d = q4.shape
+    nk = k4.shape[2]
+    o = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    o4 = as_bhnd(o)
+    cfg = dict(config or dense_fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H))
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    strides = [_tma_strides(t)[:3] for t in (q4, k4, v4, o4)]
+    if descriptors == "host":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        args = [TensorDescriptor(t, shape=list(t.shape), strides=st + [1], block_shape=[1, 1, blk, d])
+                for t, st, blk in zip((q4, k4, v4, o4), strides, (bm, bn, bn, bm))]
+    else:
+        if q.is_cuda and not _traced((q,)):
+            _ensure_allocator(q.device)
+        args = [q4, k4, v4, o4]
+    grid = (triton.cdiv(nq, bm), B * H)
+    kernel = configured(_attn_fwd_tma_kernel, cfg)
+    wrap_triton(kernel)[grid](
+        *args, lse, *strides[0], *strides[1], *strides[2], *strides[3],
+        B, H, nq, nk, scale * LOG2E,
+        HEAD_DIM=d, IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q.dtype), **tiles(cfg))
+    return o, lse
+
+
 # %% The operator, autograd and the public API ----------------------------------------
 #
 # `forward` becomes a PyTorch operator (attnlib/ops.py says why torch.compile needs one):
-# torch.ops.<namespace>.step05_fwd(q, k, v, is_causal, scale) -> (O, LSE), with a fake
+# torch.ops.<namespace>.step05_fwd(q, k, v, is_causal, scale, tma) -> (O, LSE), with a fake
 # implementation for tracing and an autograd formula (step 04's PyTorch backward). The
 # autograd.Function is what students, tests and CS336's harness call:
 # FlashAttentionTritonFwd.apply(q, k, v, is_causal) -> O.
 
-def _fwd_fake(q, k, v, is_causal, scale):
+def _fwd_fake(q, k, v, is_causal, scale, tma=False):
+    if tma:
+        why = tma_unsupported(q, k, v)          # the same refusal when traced as in eager mode
+        if why:
+            raise ValueError(f"step05 attention(tma=True): {why}")
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(q, k, v, is_causal, scale)
+              scale: float, tma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(q, k, v, is_causal, scale, tma=tma)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, is_causal, scale = inputs
+    q, k, v, is_causal, scale = inputs[:5]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.is_causal, ctx.scale = is_causal, scale
@@ -527,7 +760,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, do, _dlse=None):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = backward_strips(q, k, v, o, lse, do, ctx.is_causal, ctx.scale, BLOCK_Q, BLOCK_K)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 fwd_op = kernel_op(f"{op_namespace(__name__)}::step05_fwd", _fwd_impl, fake=_fwd_fake,
@@ -538,14 +771,15 @@ run_fwd = eager_fast(fwd_op, _fwd_impl)      # the operator when compiled, its l
 class FlashAttentionTritonFwd(torch.autograd.Function):
     """Forward: the Triton kernel above (as ``fwd_op``). Backward: step 04's PyTorch backward.
 
-    ``apply(q, k, v, is_causal=False, scale=None)`` -> O; saves q, k, v, O and exactly one
-    LSE tensor, float32 ``(..., Nq)``.
+    ``apply(q, k, v, is_causal=False, scale=None, tma=False)`` -> O; saves q, k, v, O and exactly one
+    LSE tensor, float32 ``(..., Nq)``. ``tma=True``: the forward runs the TMA kernel (the backward is
+    the same either way).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=None):
+    def forward(ctx, q, k, v, is_causal=False, scale=None, tma=False):
         scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 FlashAttentionTritonFwd")
-        o, lse = run_fwd(q, k, v, is_causal, scale)
+        o, lse = run_fwd(q, k, v, is_causal, scale, bool(tma))
         _setup_context(ctx, (q, k, v, is_causal, scale), (o, lse))
         return o
 
@@ -554,13 +788,17 @@ class FlashAttentionTritonFwd(torch.autograd.Function):
         return _backward(ctx, do)
 
 
-def attention(q, k, v, is_causal=False, scale=None):
-    """The course contract (attnlib/contract.py) through the Triton forward kernel."""
+def attention(q, k, v, is_causal=False, scale=None, tma=False):
+    """The course contract (attnlib/contract.py) through the Triton forward kernel.
+
+    ``tma=True`` (opt-in): Q, K, V loaded and O stored by TMA (``_attn_fwd_tma_kernel``); a ValueError
+    says why where TMA cannot be used (not sm_90+, float64, D not a power of two in 16..256, strides).
+    """
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 attention")
-    return FlashAttentionTritonFwd.apply(q, k, v, is_causal, scale)
+    return FlashAttentionTritonFwd.apply(q, k, v, is_causal, scale, bool(tma))
 
 
-def attention_with_lse(q, k, v, is_causal=False, scale=None):
+def attention_with_lse(q, k, v, is_causal=False, scale=None, tma=False):
     """``(O, LSE)``: the forward kernel's two outputs, with no autograd."""
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 attention_with_lse")
-    return forward(q, k, v, is_causal, scale)
+    return forward(q, k, v, is_causal, scale, tma=bool(tma))

@@ -196,3 +196,222 @@ def test_dense_table_at_d128(load, dtype, is_causal):
     check_lse(lse, q, k, v, is_causal=is_causal)
     check_attention(lambda *a, **kw: step.attention_with_lse(*a, **kw)[0], q, k, v,
                     is_causal=is_causal, grads=False)
+
+
+# --- the opt-in TMA kernel (attention(..., tma=True)) ------------------------------------------
+#
+# The same contract through _attn_fwd_tma_kernel: Q, K, V loaded and O stored through 4-D tensor
+# descriptors over (B, H, N, D). The interpreter runs descriptors (loads past a dim's end read 0,
+# stores past it are dropped, as TMA does), so these run on a CPU; the GPU-only ones check bf16 and
+# that the compiled kernel really issues TMA copies.
+
+TMA_CASES = [Case((1, 2), n, n, d) for n in (1, 77, 200) for d in (16, 64)] + [
+    Case((2, 1), 50, 130, 32),      # Nq < Nk
+    Case((2, 1), 130, 50, 32),      # Nq > Nk
+]
+
+
+def _tma_attention(step):
+    return lambda *a, **kw: step.attention(*a, tma=True, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ids)
+@pytest.mark.parametrize("case", TMA_CASES, ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_tma_output_and_lse(load, case, dtype, is_causal):
+    """N not a multiple of any tile (the descriptors zero-fill, the key mask must still hide the zeros)."""
+    step = load(5)
+    q, k, v = qkv(case, dtype)
+    o, lse = step.attention_with_lse(q, k, v, is_causal=is_causal, tma=True)
+    assert o.shape == q.shape and o.dtype == q.dtype, f"O must be {tuple(q.shape)} {q.dtype}, got {o.shape} {o.dtype}"
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32, (
+        f"the LSE must be float32 (..., Nq) = {tuple(q.shape[:-1])}, got {tuple(lse.shape)} {lse.dtype}")
+    check_attention(lambda *a, **kw: step.attention_with_lse(*a, tma=True, **kw)[0], q, k, v,
+                    is_causal=is_causal, grads=False)
+    check_lse(lse, q, k, v, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_tma_device_descriptors(load, is_causal):
+    """Descriptors built in the kernel (tl.make_tensor_descriptor, what a compiled graph runs) give the
+    same result as host ones."""
+    step = load(5)
+    for case in (Case((2, 2), 77, 77, 16), Case((1, 2), 40, 90, 32)):
+        q, k, v = qkv(case, torch.float32, seed=2)
+        s = case.d ** -0.5
+        for desc in ("host", "device"):
+            check_attention(lambda q, k, v, is_causal, scale: step.forward(q, k, v, is_causal, s, tma=True,
+                                                                           descriptors=desc)[0],
+                            q, k, v, is_causal=is_causal, grads=False)
+            check_lse(step.forward(q, k, v, is_causal, s, tma=True, descriptors=desc)[1], q, k, v, is_causal=is_causal)
+
+
+def test_tma_tiles_above_the_diagonal_are_skipped(load):
+    """As test_tiles_above_the_diagonal_are_skipped, through the TMA kernel: keys no query may see are NaN."""
+    step = load(5)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    q, k, v = make_qkv(1, 2, 20, 90, 32, device=DEVICE, seed=7)
+    kp, vp = k.clone(), v.clone()
+    kp[..., 32:, :] = float("nan")
+    vp[..., 32:, :] = float("nan")
+    o, lse = step.forward(q, kp, vp, True, 32 ** -0.5, config=cfg, tma=True)
+    ref_o, ref_lse = reference_attention(q, k, v, True)
+    assert_close(o, ref_o, name="O", context="TMA, causal, keys past the diagonal poisoned with NaN")
+    assert_close(lse, ref_lse, name="LSE", dtype=torch.float32, row_dim=-1,
+                 context="TMA, causal, keys past the diagonal poisoned with NaN")
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_tma_gradients_and_saved_lse(load, is_causal):
+    """tma=True through the autograd Function: step 04's backward on the TMA forward's O and LSE."""
+    step = load(5)
+    q, k, v = qkv(Case((1, 2), 45, 45, 32), torch.float32)
+    check_attention(_tma_attention(step), q, k, v, is_causal=is_causal)
+    q, k, v = make_qkv(2, 2, 24, 40, 16, device=DEVICE, requires_grad=True)
+    out = step.attention(q, k, v, is_causal=True, tma=True)
+    check_saved_lse(out, q, k, v, is_causal=True, function_name="FlashAttentionTritonFwd")
+
+
+def test_tma_strided_inputs(load):
+    """Strides TMA can address run (a (B, N, H, D) layout seen as (B, H, N, D); rank 5 whose leading dims
+    must be copied); a head dim with stride 2 cannot, and is refused, not silently copied."""
+    step = load(5)
+    g = torch.Generator().manual_seed(3)
+    bnhd = torch.randn(2, 37, 3, 3, 32, generator=g).to(DEVICE)            # (B, N, 3, H, D) packed qkv
+    q, k, v = (bnhd[:, :, i].transpose(1, 2) for i in range(3))           # (B, H, N, D), strided
+    assert not q.is_contiguous()
+    check_attention(_tma_attention(step), q, k, v, is_causal=True, grads=False)
+    r5 = torch.randn(3, 2, 2, 21, 16, generator=g).to(DEVICE).transpose(0, 1)
+    check_attention(_tma_attention(step), r5, r5.flip(-2), r5.roll(1, -1), is_causal=True, grads=False)
+    wide = torch.randn(1, 2, 29, 64, generator=g).to(DEVICE)
+    q2 = wide[..., ::2]                                                   # head-dim stride 2
+    with pytest.raises(ValueError, match="last dim contiguous"):
+        step.attention(q2, q2.flip(-2), q2 * 0.5, tma=True)
+
+
+def _refusals():
+    g = torch.Generator().manual_seed(4)
+    r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype).to(DEVICE)   # noqa: E731
+    x = r(1, 2, 17, 32)
+    rows20 = r(1, 2, 17, 20, dtype=torch.float16)[..., :16]              # rows 40 bytes apart
+    flat = r(2 * 17 * 32 + 1)[1:].view(1, 2, 17, 32)                     # starts 4 bytes past an aligned address
+    return [
+        ("float64", (x.double(), x.double(), x.double()), "fp16, bf16 and fp32"),
+        ("D=80", (r(1, 2, 17, 80),) * 3, "head dim D in"),
+        ("D=8", (r(1, 2, 17, 8),) * 3, "head dim D in"),
+        ("row stride 40 B", (rows20, rows20, rows20), "multiple of 16 bytes"),
+        ("k misaligned", (x, flat, x), "k to start at a 16-byte aligned"),
+        ("last dim strided", (x, x, r(1, 2, 17, 64)[..., ::2]), "v's last dim contiguous"),
+    ]
+
+
+@pytest.mark.parametrize("what,args,match", _refusals(), ids=[c[0] for c in _refusals()])
+def test_tma_refuses_with_a_reason(load, what, args, match):
+    """What TMA cannot address is a ValueError naming the reason, from attention (autograd on), from
+    attention_with_lse, and from the launcher: never a Triton traceback, never the pointer kernel."""
+    step = load(5)
+    grad = [t.detach().requires_grad_(True) for t in args]            # detach keeps the strides; clone would not
+    for call in (lambda: step.attention(*grad, tma=True), lambda: step.attention_with_lse(*args, tma=True),
+                 lambda: step.forward(*args, False, 0.5, tma=True)):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_tma_refused_where_there_is_no_tma(load, monkeypatch):
+    """A CPU without the interpreter, an older GPU: refused, saying why (the device checks faked)."""
+    step = load(5)
+    import attnlib.ops
+    q, k, v = make_qkv(1, 2, 17, 17, 32, device="cpu")
+    monkeypatch.setattr(attnlib.ops, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="interpreter"):
+        step.tma_unsupported(q, k, v) and step.forward(q, k, v, False, 0.5, tma=True)
+    monkeypatch.undo()
+    if GPU:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+        qc, kc, vc = (t.cuda() for t in (q, k, v))
+        with pytest.raises(ValueError, match="sm_90"):
+            step.attention(qc, kc, vc, tma=True)
+
+
+def test_tma_kernel_runs(load, monkeypatch):
+    """tma=True launches the TMA kernel once over (query tiles, batch * heads), and not the pointer kernel."""
+    step = load(5)
+    launches = {"tma": [], "pointers": []}
+    for name, key in (("_attn_fwd_tma_kernel", "tma"), ("_attn_fwd_kernel", "pointers")):
+        kernel = getattr(step, name)
+
+        def counting(*args, grid, _run=kernel.run, _key=key, **kwargs):
+            launches[_key].append(grid)
+            return _run(*args, grid=grid, **kwargs)
+        monkeypatch.setattr(kernel, "run", counting)
+    q, k, v = make_qkv(2, 3, 50, 50, 32, device=DEVICE)
+    cfg = step.dense_fwd_config(50, 50, 32, q.dtype, False, q.device.type, 6)
+    check_attention(_tma_attention(step), q, k, v, grads=False)
+    assert launches["pointers"] == [], "tma=True ran the pointer kernel"
+    assert len(launches["tma"]) == 1, f"expected one launch of _attn_fwd_tma_kernel, got {len(launches['tma'])}"
+    assert tuple(launches["tma"][0])[:2] == (-(-50 // cfg["BLOCK_M"]), 6), f"grid {launches['tma'][0]}"
+
+
+@pytest.mark.slow
+def test_tma_compiles_fullgraph(load):
+    """torch.compile(fullgraph=True) of a function calling attention(..., tma=True), forward and backward.
+
+    On a CPU the operator is opaque (the interpreter cannot be traced into a graph); on a GPU it is a
+    triton_op whose kernel Inductor launches itself, with descriptors made in the kernel."""
+    step = load(5)
+    torch._dynamo.reset()
+
+    def f(q, k, v):
+        return step.attention(q, k, v, is_causal=True, tma=True) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    dtype = torch.bfloat16 if GPU else torch.float32
+    q, k, v = make_qkv(1, 2, 77, 77, 64, dtype=dtype, device=DEVICE, requires_grad=True)
+    got = compiled(q, k, v)
+    want = f(q, k, v)
+    torch.testing.assert_close(got, want, atol=0, rtol=0, msg="compiled and eager TMA forward differ")
+    got.float().square().sum().backward()
+    check_attention(lambda *a, **kw: compiled(*a) / 2.0, q.detach(), k.detach(), v.detach(), is_causal=True,
+                    grads=not GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason=BF16_SKIP)
+@pytest.mark.parametrize("case", [Case((2, 4), 300, 300, 64), Case((1, 17), 1000, 1000, 128),
+                                  Case((2, 3), 513, 1100, 128), Case((1, 2), 1000, 77, 64)], ids=ids)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_tma_bf16(load, case, is_causal):
+    """bf16 at the GPU's tiles (D = 128 with 17 x 8 query tiles takes 128 x 128 on Hopper), partial tiles."""
+    step = load(5)
+    if step.tma_unsupported(*qkv(Case((1, 1), 16, 16, 64), torch.bfloat16)):
+        pytest.skip(step.tma_unsupported(*qkv(Case((1, 1), 16, 16, 64), torch.bfloat16)))
+    q, k, v = qkv(case, torch.bfloat16)
+    o, lse = step.attention_with_lse(q, k, v, is_causal=is_causal, tma=True)
+    check_lse(lse, q, k, v, is_causal=is_causal)
+    check_attention(lambda *a, **kw: step.attention_with_lse(*a, tma=True, **kw)[0], q, k, v,
+                    is_causal=is_causal, grads=False)
+    o_ptr, lse_ptr = step.attention_with_lse(q, k, v, is_causal=is_causal)
+    assert_close(o, o_ptr.double(), name="O, TMA vs pointer kernel", dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="TMA copies exist in compiled code only")
+@pytest.mark.parametrize("descriptors", ["host", "device"])
+def test_tma_kernel_issues_tma_copies(load, monkeypatch, descriptors):
+    """The compiled TMA kernel holds bulk tensor copies (cp.async.bulk.tensor) and the pointer kernel none."""
+    step = load(5)
+    q, k, v = make_qkv(1, 2, 300, 300, 64, dtype=torch.bfloat16, device="cuda")
+    if step.tma_unsupported(q, k, v):
+        pytest.skip(step.tma_unsupported(q, k, v))
+    compiled = {}
+    for name in ("_attn_fwd_tma_kernel", "_attn_fwd_kernel"):
+        kernel = getattr(step, name)
+
+        def keep(*args, _run=kernel.run, _name=name, **kwargs):
+            compiled[_name] = _run(*args, **kwargs)
+            return compiled[_name]
+        monkeypatch.setattr(kernel, "run", keep)
+    step.forward(q, k, v, True, 0.125, tma=True, descriptors=descriptors)
+    step.forward(q, k, v, True, 0.125)
+    assert "cp.async.bulk.tensor" in compiled["_attn_fwd_tma_kernel"].asm["ptx"], "no TMA load in the TMA kernel's PTX"
+    assert "cp.async.bulk.tensor" not in compiled["_attn_fwd_kernel"].asm["ptx"]
