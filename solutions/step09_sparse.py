@@ -53,12 +53,11 @@ LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
 @triton.jit
 def visible(q_idx, k_idx, WINDOW, N_GLOBAL, IS_CAUSAL: tl.constexpr):
     """True where query ``q_idx`` sees key ``k_idx`` (broadcasting index tiles or tensors)."""
-    # >>> STUDENT: compare k with bounds computed per query row (q - WINDOW, q + WINDOW), not per pair. Not causal: (q - WINDOW < k < q + WINDOW) or q < N_GLOBAL or k < N_GLOBAL. Causal: (k > edge or k < N_GLOBAL) and k <= q, where edge = q - WINDOW, moved below key 0 for a global query (q < N_GLOBAL)
+    # >>> STUDENT: near = |q - k| < WINDOW as two comparisons of k against q - WINDOW and q + WINDOW (bounds computed per query row, not per pair); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q
+    seen = (k_idx > (q_idx - WINDOW)) & (k_idx < (q_idx + WINDOW))
+    seen = seen | (k_idx < N_GLOBAL) | (q_idx < N_GLOBAL)
     if IS_CAUSAL:
-        edge = q_idx - WINDOW - (q_idx < N_GLOBAL) * (q_idx + 1)
-        seen = ((k_idx > edge) | (k_idx < N_GLOBAL)) & (k_idx <= q_idx)
-    else:
-        seen = ((k_idx > (q_idx - WINDOW)) & (k_idx < (q_idx + WINDOW))) | (q_idx < N_GLOBAL) | (k_idx < N_GLOBAL)
+        seen = seen & (k_idx <= q_idx)
     return seen
     # <<< STUDENT
 

@@ -55,8 +55,8 @@ LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
 @triton.jit
 def visible(q_idx, k_idx, WINDOW, N_GLOBAL, IS_CAUSAL: tl.constexpr):
     """True where query ``q_idx`` sees key ``k_idx`` (broadcasting index tiles or tensors)."""
-    # TODO(Step 09): compare k with bounds computed per query row (q - WINDOW, q + WINDOW), not per pair. Not causal: (q - WINDOW < k < q + WINDOW) or q < N_GLOBAL or k < N_GLOBAL. Causal: (k > edge or k < N_GLOBAL) and k <= q, where edge = q - WINDOW, moved below key 0 for a global query (q < N_GLOBAL)
-    raise NotImplementedError('Step 09: compare k with bounds computed per query row (q - WINDOW, q + WINDOW), not per pair. Not causal: (q - WINDOW < k < q + WINDOW) or q < N_GLOBAL or k < N_GLOBAL. Causal: (k > edge or k < N_GLOBAL) and k <= q, where edge = q - WINDOW, moved below key 0 for a global query (q < N_GLOBAL)')
+    # TODO(Step 09): near = |q - k| < WINDOW as two comparisons of k against q - WINDOW and q + WINDOW (bounds computed per query row, not per pair); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q
+    raise NotImplementedError('Step 09: near = |q - k| < WINDOW as two comparisons of k against q - WINDOW and q + WINDOW (bounds computed per query row, not per pair); seen = near or k < N_GLOBAL or q < N_GLOBAL; if IS_CAUSAL also k <= q')
 
 
 @triton.jit

@@ -27,7 +27,10 @@ q_idx is a column of rows) took a masked forward iteration from 780 to 612 instr
 causal pattern as one left edge per row (moved below key 0 for a global query) and k <= q, with the
 global keys as one more term, to 513-516. A query tile at window 256 (two unmasked key tiles, four
 masked) goes from about 3770 instructions to 2700 (-28%); dQ -37% per masked tile, dK/dV -19%. Timed on
-the H200: results/h200/sparse/README.md.
+the H200 (``sparse_visible_ab.py``, all three in one process): the row form's forward is 5-9% faster than
+the pair form's, and the edge form's 3-10% faster again, but the edge form's backward is 6-18% slower than
+the row form's though its loops are shorter here: instruction counts do not say how ptxas schedules the
+products around them. Step 09 uses the row form (the fastest forward + backward).
 
     python bench/experiments/sparse_mask_sass.py                      # solutions/
     python bench/experiments/sparse_mask_sass.py --solutions DIR      # another copy of the steps
