@@ -157,17 +157,24 @@ else:
 
 # %% [markdown]
 # **What a masked tile costs.** At window 256 and no global token, four of the six key tiles a query tile
-# visits run the masked stage, and FlexAttention's forward still wins (0.85x in the forward; forward +
-# backward 1.01x, results/h200/sparse/README.md). ncu says step 09's forward issues about 1.45x
-# FlexAttention's instructions, with nothing waiting on memory. Which ones? No GPU is needed to look:
-# Triton compiles for sm_90 on a laptop, and `bench/experiments/sparse_mask_sass.py` counts the
-# instructions of every loop in the machine code. An unmasked iteration of the forward is 320 of them a
-# thread (8 `HGMMA`, 34 `MUFU.EX2`, the softmax's arithmetic); a masked one 780. Most of the difference is
-# `visible`: `(q - k) < W` and `(k - q) < W` subtract once per *pair*, and the compares, selects and index
-# arithmetic of a 128 x 64 tile pile up. Without the window test the masked iteration is 369. Work that
-# depends only on the row, like q - W, belongs outside the per-pair arithmetic: that is a rewrite of
-# `visible` worth making yourself (`--solutions` compiles another copy of the steps, so you can count
-# your own).
+# visits run the masked stage, and FlexAttention's forward won (0.85x; results/h200/sparse/README.md).
+# ncu said step 09's forward issued about 1.45x FlexAttention's instructions, with nothing waiting on
+# memory. Which ones? No GPU is needed to look: Triton compiles for sm_90 on a laptop, and
+# `bench/experiments/sparse_mask_sass.py` counts the instructions of every loop in the machine code. An
+# unmasked iteration of the forward is 320 of them a thread (8 `HGMMA`, 34 `MUFU.EX2`, the softmax's
+# arithmetic); a masked one was 780, and 369 without the window test. Most of the difference was `visible`
+# written as `(q - k) < W` and `(k - q) < W`: a subtraction per *pair*. Work that depends only on the row
+# belongs outside the per-pair arithmetic: `k > q - W` and `k < q + W` compute q - W and q + W once per row
+# (q_idx is a column of rows), and the masked iteration drops to 612 (dQ 731 to 559). On the H200 the
+# forward got 5-9% faster and the forward + backward 3-6% where the two timing passes agreed
+# (`sparse_visible_ab.py`, all three forms in one process).
+#
+# Fewer instructions is not always faster. A third statement, one causal left edge per row
+# (`(k > edge or k < g) and k <= q`), is shorter still in every kernel (forward 516) and made the forward
+# another 3-10% faster, past FlexAttention at window 256, but the backward 6-18% *slower*: the count of a
+# loop body does not say how the compiler schedules the matrix products around it. Step 09 keeps the
+# second form; the third is an open question for a profiler (`--solutions` compiles another copy of the
+# steps, so you can count your own).
 
 # %% [markdown]
 # ## References
