@@ -63,6 +63,9 @@ VERSIONS = (1, 2, 3, 4)
 V3_CONFIGS = {64: (0, 1, 2, 3), 128: (0, 1, 2)}
 # v4's tile shapes (launch_d in csrc/step07_fwd_v4.cu): 0 = 128 x 128, 1 = 128 x 64.
 V4_CONFIGS = {64: (0, 1), 128: (0, 1)}
+# The config each version runs when none is asked for: v4's 128 x 64 tiles were the faster at every
+# shape on the H200 (results/h200/step07_v4/README.md); v3's table is its config 0.
+DEFAULT_CONFIG = {4: 1}
 # Versions that need a particular GPU: v4's wgmma exists on compute capability 9.0 only.
 ARCH_ONLY = {4: (9, 0)}
 HEAD_DIMS = (64, 128)
@@ -245,16 +248,18 @@ fwd_op = extension_op(f"{NAMESPACE}::step07_fwd", _fwd_impl, fake=_fwd_fake,
 class FlashAttentionCUDA(torch.autograd.Function):
     """Forward by the chosen CUDA version; backward by the CUDA backward kernels.
 
-    ``apply(q, k, v, is_causal=False, scale=None, version=3, config=0, bwd_version=None)`` -> O.
+    ``apply(q, k, v, is_causal=False, scale=None, version=3, config=None, bwd_version=None)`` -> O.
     Saves q, k, v, o and exactly one LSE (float32, (..., Nq), natural log).
-    ``config`` picks v3's tile shape (V3_CONFIGS) or v4's (V4_CONFIGS); v1 and v2 ignore it.
+    ``config`` picks v3's tile shape (V3_CONFIGS) or v4's (V4_CONFIGS), by default DEFAULT_CONFIG's;
+    v1 and v2 ignore it.
     ``bwd_version``: 1, the scalar backward, or 2, the tensor-core one; by default
     forward v1 (and any fp32 input) is paired with backward v1, v2, v3 and v4 with v2.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=None, version=3, config=0, bwd_version=None):
+    def forward(ctx, q, k, v, is_causal=False, scale=None, version=3, config=None, bwd_version=None):
         scale = _validate(q, k, v, is_causal, scale, version, "step07 FlashAttentionCUDA")
+        config = DEFAULT_CONFIG.get(version, 0) if config is None else config
         o, lse = fwd_op(q, k, v, is_causal, scale, version, config)
         _setup_context(ctx, (q, k, v, is_causal, scale, version, config, bwd_version), (o, lse))
         return o
@@ -268,7 +273,7 @@ def attention_with_lse(q, k, v, is_causal=False, scale=None, version=3):
     """``(O, LSE)``: O ``(..., Nq, D)`` in q's dtype, LSE float32 ``(..., Nq)``; no autograd."""
     s = _validate(q, k, v, is_causal, scale, version, "step07 attention_with_lse")
     with torch.no_grad():
-        return fwd_op(q, k, v, is_causal, s, version, 0)
+        return fwd_op(q, k, v, is_causal, s, version, DEFAULT_CONFIG.get(version, 0))
 
 
 def attention(q, k, v, is_causal=False, scale=None, version=3):
