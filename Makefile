@@ -42,10 +42,13 @@ grade: $(STAMP)
 check: $(STAMP)
 	$(VPY) -m pytest -m quick --impl $(IMPL) -q
 
-# Two pytest-xdist workers, one thread each (the CI machine's two cores): 9m45s on that machine
-# (2026-11-30), against 12m13s in one process. Each planted submission is graded by the worker whose test asks.
+# Two pytest-xdist workers, one thread each (the CI machine's two cores). `--dist worksteal`: an idle worker
+# takes queued tests from the busy one. With `--dist load` a few long tests (the grader's whole-class runs,
+# 54-117 s) could land on one worker at the end: 11m58s-12m29s on 2 cores (2026-12-01, 878 tests), against
+# 9m53s with worksteal, the tests' own time being 19m22s in all. Each planted submission is graded by the
+# worker whose test asks.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q -n 2 --dist load
+	OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q -n 2 --dist worksteal
 
 # The grader's corpus as one class (every hostile submission, the planted bugs of steps 01-04) in one
 # `python -m grading batch -j 2`: every row as it scores alone. Minutes; not part of `make test`.
