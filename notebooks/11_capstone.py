@@ -205,6 +205,24 @@ else:
 # --compile-mode reduce-overhead`) record the kernels once and replay them without the host: then the
 # kernels decide, and step 06 is ahead at 4k as well.
 #
+# **Can the compiler rescue naive attention?** The same model with step 01's attention (scores, mask,
+# softmax, P V in PyTorch), the whole model compiled (`--parts an`):
+
+# %%
+naive_run = RESULTS / "capstone" / "capstone_an_124bc77.json"
+if naive_run.exists():
+    for r in json.loads(naive_run.read_text())["speed"]:
+        print(f"naive, compiled, context {r['context']:6d}: {r['ms_per_step']:7.2f} ms a step, "
+              f"{r['tokens_per_s'] / 1e3:6.0f}k tokens/s, peak {r['peak_gib']:5.1f} GiB")
+else:
+    print("no H200 run committed yet: python bench/capstone_gpu.py --parts an --out results/h200/capstone")
+
+# %% [markdown]
+# At 1k it can: the scores are small, Inductor fuses the mask and the softmax, and the step runs as fast as
+# the fused kernels' eager steps did in another run (1.1-1.3M tokens/s). It cannot change what grows with N:
+# 46 ms a step at 4k against 12-16 ms for the compiled fused kernels above, 150 ms at 16k against 24-29,
+# where the scores and probabilities kept for the backward take 50 GiB.
+#
 # **Does the model learn the same with the course's kernel?** Two runs that differ only in the attention
 # kernel round differently, and training amplifies the difference, most after a loss spike. A third
 # implementation, SDPA's cuDNN backend, shows how far two *correct* kernels drift apart on the same run:
