@@ -90,6 +90,41 @@ def compile_v4(tmp_path, arch: str):
     return r.stdout + r.stderr, sass
 
 
+def spill_lines(report: str) -> list[str]:
+    """The lines of a ``-Xptxas -v`` report that say a kernel uses stack or spills."""
+    return [line.strip() for line in report.splitlines()
+            if "spill" in line and not line.strip().startswith("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")]
+
+
+# 96 floats live in each thread with at most 32 registers (1024 threads, 2 blocks an SM): ptxas must spill.
+SPILLING_KERNEL = """
+__global__ void __launch_bounds__(1024, 2) spill(const float* x, float* y) {
+    float a[96];
+#pragma unroll
+    for (int i = 0; i < 96; ++i) a[i] = x[threadIdx.x * 96 + i];
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 96; ++i) s += a[i] * a[95 - i];
+#pragma unroll
+    for (int i = 0; i < 96; ++i) y[threadIdx.x * 96 + i] = a[i] * s;
+}
+"""
+
+
+def test_spill_check_catches_a_spilling_kernel(tmp_path):
+    """The check v4 passes can fail: a kernel that must spill is caught by the same filter (v4 itself could
+    not be made to spill: its __launch_bounds__ overrides -maxrregcount)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc to compile a spilling kernel")
+    src = tmp_path / "spill.cu"
+    src.write_text(SPILLING_KERNEL)
+    r = subprocess.run([nvcc, "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-cubin", str(src),
+                        "-o", str(tmp_path / "spill.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert spill_lines(r.stdout + r.stderr), "the spill filter missed a kernel ptxas reports spilling:\n" + r.stderr
+
+
 def test_v4_is_wgmma_without_spills(load, tmp_path):
     """v4 for sm_90a: every kernel instance spills nothing, and the tensor-core work is HGMMA (wgmma),
     not HMMA (mma.sync) -- the machine code is what the source claims. (A stub's descriptor is a
@@ -98,8 +133,7 @@ def test_v4_is_wgmma_without_spills(load, tmp_path):
     report, sass = compile_v4(tmp_path, "sm_90a")
     kernels = report.count("Compiling entry function")
     assert kernels == 8, f"expected 8 instances of the v4 kernel (2 dtypes x 2 head dims x 2 tiles), ptxas saw {kernels}"
-    spills = [line.strip() for line in report.splitlines()
-              if "spill" in line and not line.strip().startswith("0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")]
+    spills = spill_lines(report)
     assert not spills, "v4 spills registers:\n" + "\n".join(spills)
     assert "HGMMA" in sass, "no HGMMA in v4's SASS: wgmma did not compile to warpgroup tensor-core instructions"
     assert "HMMA" not in sass.replace("HGMMA", ""), "v4's SASS still has mma.sync (HMMA) instructions"
