@@ -90,8 +90,19 @@ def _ddp_worker(rank, port, out):
 
 @pytest.mark.slow
 @pytest.mark.step04
-def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
+def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path, monkeypatch):
+    """Two ranks' averaged half-batch gradients round differently from one process's whole-batch gradient, and
+    AdamW turns that rounding into a visible difference where a gradient is as small as its eps (1e-8): the
+    update g / (|g| + eps) then swings with the last bits of g. Which weights sit there depends on the data; the
+    default corpus is the repository's own sources, so an edit to a README once moved one weight there (1.9e-5
+    off after 3 steps, its first-step update 0.62 lr). The corpus is pinned to a text generated here."""
     import socket
+    words = [b"attention", b"softmax", b"tile", b"kernel", b"query", b"key", b"value", b"warp", b"the", b"a",
+             b"of", b"to", b"in", b"is", b"block", b"mask", b"scale", b"row", b"sum", b"max"]
+    g = torch.Generator().manual_seed(0)
+    text = b" ".join(words[i] for i in torch.randint(len(words), (40000,), generator=g).tolist())
+    (tmp_path / "corpus.txt").write_bytes(text)
+    monkeypatch.setenv("CAPSTONE_CORPUS", str(tmp_path / "corpus.txt"))   # the spawned ranks inherit os.environ
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
