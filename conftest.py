@@ -91,3 +91,21 @@ def load():
             pytest.skip(f"step {n:02d} is not in {impl_root()} ({STEPS[n][0]}.py)")
         return load_step(n, impl) if impl is not None else load_step(n)
     return _load
+
+
+# The longest tests on a 2-core CPU (`--durations` of `make test`, 2026-12-01: the grader's whole-class runs
+# 117 and 54 s, every .cu file through nvcc 40 s, then 27-37 s each). Run first, so that `make test`'s two
+# workers do not end on one of them alone (a long test started last added up to 2 minutes to the run).
+LONG_FIRST = (
+    "tests/test_grading.py::test_solutions_score_full_marks",
+    "tests/test_grading.py::test_stubs_score_zero_not_implemented",
+    "tests/test_step07_cuda.py::test_every_cu_file_compiles",
+    "tests/test_grading.py::test_hostile_submission[compile_opaque_op]",
+    "tests/test_bench_capstone.py::test_cpu_smoke_runs_every_part_and_records_what_cannot_run",
+    "tests/test_notebooks.py::test_notebook_runs[10_ring]",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {nodeid: i for i, nodeid in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid, len(LONG_FIRST)))     # stable: the rest keep their order
