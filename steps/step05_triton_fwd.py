@@ -49,8 +49,8 @@ Hopper's bulk tensor copies through 4-D tensor descriptors (any N: tiles past N 
 the masked stage hides the padded keys), with the same helpers; ``tma_unsupported`` says why it
 cannot run where it cannot (a ValueError, never a silent fallback). An experiment with a TMA copy of
 this kernel (bench/experiments/triton_fwd_tma.py, results/h200/triton/) found 1.02-1.11x over pointer
-loads at the same tiles at D=128 and nothing at D=64; this file's TMA kernel is not yet measured on a
-GPU (bench/experiments/triton_fwd_tma_course.py). Not done here: warp specialization (producer warps
+loads at the same tiles at D=128 and nothing at D=64; this file's TMA kernel, on the H200: 1.07-1.11x
+at D=128, 0.97-1.02x at D=64, 0.88-0.96x cuDNN (bench/experiments/triton_fwd_tma_course.py). Not done here: warp specialization (producer warps
 that only load, consumer warps that only compute; NaN or slower in Triton 3.6, same experiment).
 """
 
@@ -527,7 +527,7 @@ def dense_fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
     about 200 KB, more than an A100 has. H200, bf16, N = 4096 (B=4) and 16384 (B=1), H = 16: 1.01-1.04x
     causal and 1.07x not, against the table's 64x64 / 128x64 (results/h200/triton/fwd_tma_d128.log,
     ``bench/experiments/triton_fwd_tma.py --plan d128``). TMA loads at the same tiles gave another
-    1.02-1.11x there (issue 17: not in the course yet).
+    1.02-1.11x there (``attention(..., tma=True)`` since).
     """
     cfg = fwd_config(nq, nk, d, dtype, is_causal, device_type, bh)
     if (device_type == "cuda" and dtype != torch.float32 and 64 < _pow2_dim(d) <= 128
