@@ -346,17 +346,21 @@ def _attn_fwd_kernel(
     BLOCK_D: tl.constexpr,                                 # head dim padded to a power of two >= 16
     IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,                           # "ieee" for fp32 inputs (true fp32 dots)
+    HEADS_FIRST: tl.constexpr = False,                     # grid (B*H, query tiles) instead of (query tiles, B*H)
 ):
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     # Triton types a Python float argument fp32; torch.compile's Inductor, relaunching this
     # kernel inside a compiled graph, types it fp64. Scores, max and accumulator would follow
     # into fp64 and tl.dot(p, v, acc) would refuse the fp64 acc: fix the type here.
     qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_m = tl.program_id(0)
+    # Programs start in grid order, axis 0 fastest. HEADS_FIRST: every head's tile i before any
+    # head's tile i + 1 (with the reversal below, all heads' heaviest tiles first).
+    TILE_AXIS: tl.constexpr = 1 if HEADS_FIRST else 0
+    pid_m = tl.program_id(TILE_AXIS)
     if IS_CAUSAL:
         # Heaviest tiles (the last rows see the most keys) first: a shorter tail at the end.
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
+        pid_m = tl.num_programs(TILE_AXIS) - 1 - pid_m
+    bh = tl.program_id(1 - TILE_AXIS)
     b = bh // H
     h = bh % H
     # 64-bit offsets to this (batch, head): B*H*N*D can pass 2**31 elements.
@@ -609,7 +613,10 @@ def forward(q, k, v, is_causal, scale, config=None, tma=False, descriptors=None)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     o4 = as_bhnd(o)
     cfg = dict(config or dense_fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H))
+    cfg.setdefault("HEADS_FIRST", False)
     grid = (triton.cdiv(nq, cfg["BLOCK_M"]), B * H)
+    if cfg["HEADS_FIRST"]:
+        grid = grid[::-1]
     kernel = configured(_attn_fwd_kernel, cfg)
     wrap_triton(kernel)[grid](
         q4, k4, v4, o4, lse,

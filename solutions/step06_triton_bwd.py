@@ -115,7 +115,7 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
                 lo, hi, N_Q, N_K, qk_scale,              # query range [lo, hi) of this stage
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr,
                 MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, EARLY_DP: tl.constexpr = True):
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -135,9 +135,10 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
         # per SM (the causal D <= 64 table below) the other program already hides the wait:
         # 2.43 with it, 2.38 without (results/h200/triton/dkdv_variants_*.json, this
         # kernel's copy in bench/experiments/).
-        # >>> STUDENT: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
+        # >>> STUDENT: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and if EARLY_DP issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
         sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if EARLY_DP:
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         pT = tl.math.exp2(sT - lse2[None, :])
         if MASKED:
             visible = offs_m[None, :] < N_Q
@@ -148,8 +149,10 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
         if ATOMIC_DQ:
             # Keys past N_K were loaded as 0; drop them so no inf * 0 reaches dQ.
             pT = tl.where(offs_n[:, None] < N_K, pT, 0.0)
-        # >>> STUDENT: dv += pT @ do (pT cast to do's dtype); dsT = pT * (dpT - delta[None, :]); dk += dsT @ q (dsT cast to q's dtype); the scale is applied once, after the loop
+        # >>> STUDENT: dv += pT @ do (pT cast to do's dtype); if not EARLY_DP, dpT = v @ do^T now; dsT = pT * (dpT - delta[None, :]); dk += dsT @ q (dsT cast to q's dtype); the scale is applied once, after the loop
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        if not EARLY_DP:
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         # <<< STUDENT
@@ -167,7 +170,8 @@ def _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,      # pointers to this (bat
                stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
                start_n, N_Q, N_K, scale, qk_scale,       # this tile's first key row
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               EARLY_DP: tl.constexpr = True):
     """dK and dV of key rows [start_n, start_n + BLOCK_N): the loop over every query tile that sees them."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -191,15 +195,15 @@ def _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,      # pointers to this (bat
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, lo, diag_end, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, diag_end, q_full, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+                         HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, tail, N_Q, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
     dk_ptrs = DK + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     dv_ptrs = DV + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     in_range = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
@@ -222,11 +226,20 @@ def _bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,                                # key rows per program
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EARLY_DP: tl.constexpr,                               # dP = V dO^T issued before the exponentials (_dkdv_inner)
+    HEADS_FIRST: tl.constexpr,                            # grid (B*H, key tiles) instead of (key tiles, B*H)
 ):
     scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
     qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_n = tl.program_id(0)          # causal: key tile 0 is seen by the most queries and starts first
-    bh = tl.program_id(1)
+    # Causal: key tile 0 is seen by the most queries. Programs start in grid order (axis 0
+    # fastest): HEADS_FIRST starts every head's tile 0, then every head's tile 1, ...: the heavy
+    # tiles of all heads first and the light ones last, where they fill the gaps at the end.
+    if HEADS_FIRST:
+        pid_n = tl.program_id(1)
+        bh = tl.program_id(0)
+    else:
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
@@ -242,7 +255,7 @@ def _bwd_dkdv_kernel(
                stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
                pid_n * BLOCK_N, N_Q, N_K, scale, qk_scale,
-               HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+               HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
 
 
 # %% 3. dQ, second pass --------------------------------------------------------------
@@ -252,7 +265,8 @@ def _dq_inner(dq, q, do, lse2, delta,                    # fp32 accumulator (BLO
               K, V, stride_kn, stride_kd, stride_vn, stride_vd,
               offs_m, offs_d, lo, hi, N_K, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
-              MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              EARLY_DP: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -260,15 +274,18 @@ def _dq_inner(dq, q, do, lse2, delta,                    # fp32 accumulator (BLO
         k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, MASKED, PAD_D)
         v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, MASKED, PAD_D)
         # <<< STUDENT
-        # >>> STUDENT: recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T; ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)
+        # >>> STUDENT: recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T (if EARLY_DP issued before the exp2, as in _dkdv_inner); ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if EARLY_DP:
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         p = tl.math.exp2(s - lse2[:, None])
         if MASKED:
             visible = offs_n[None, :] < N_K
             if IS_CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None])
             p = tl.where(visible, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if not EARLY_DP:
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
         # <<< STUDENT
@@ -281,7 +298,7 @@ def _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,                 # pointers to this (ba
              stride_dom, stride_dod, stride_dqm, stride_dqd,
              start_m, N_Q, N_K, scale, qk_scale,         # this tile's first query row
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-             IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+             IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, EARLY_DP: tl.constexpr = False):
     """dQ of query rows [start_m, start_m + BLOCK_M): the loop over the key tiles they see."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -301,10 +318,10 @@ def _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,                 # pointers to this (ba
     # <<< STUDENT
     dq = _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, offs_d, 0, hi_full, N_K, qk_scale,
-                   HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
+                   HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION, EARLY_DP)
     dq = _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, offs_d, hi_full, hi, N_K, qk_scale,
-                   HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
+                   HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, EARLY_DP)
     dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
@@ -321,13 +338,20 @@ def _bwd_dq_kernel(
     H, N_Q, N_K, scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EARLY_DP: tl.constexpr, HEADS_FIRST: tl.constexpr,     # as in _bwd_dkdv_kernel
 ):
     scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
     qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_m = tl.program_id(0)
+    if HEADS_FIRST:
+        pid_m = tl.program_id(1)
+        bh = tl.program_id(0)
+        n_tiles = tl.num_programs(1)
+    else:
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        n_tiles = tl.num_programs(0)
     if IS_CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m          # heaviest query tiles first, as in the forward
-    bh = tl.program_id(1)
+        pid_m = n_tiles - 1 - pid_m          # heaviest query tiles first, as in the forward
     b = bh // H
     h = bh % H
     Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
@@ -341,7 +365,7 @@ def _bwd_dq_kernel(
              stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
              stride_dom, stride_dod, stride_dqm, stride_dqd,
              pid_m * BLOCK_M, N_Q, N_K, scale, qk_scale,
-             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, DOT_PRECISION)
+             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, DOT_PRECISION, EARLY_DP)
 
 
 # %% 4. dK, dV and dQ in one launch -------------------------------------------------
@@ -446,7 +470,8 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
             # against 2.82 for 64x128 w8 s4 and 3.28 for 32x128 w4 s4, with no spills
             # (H200, results/h200/triton/dkdv_variants_0224.json). Grid, causal D=64 fwd+bwd:
             # 1.25-1.48x SDPA-FLASH before, 1.32-1.57x after (results/h200/grid/).
-            dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128)
+            dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128,
+                        EARLY_DP=False, HEADS_FIRST=True)
         else:
             dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4)
         dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
@@ -467,6 +492,11 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
 # %% Launchers -----------------------------------------------------------------------
 
 DQ_MODES = ("separate", "atomic", "fused")
+
+
+def _grid(tiles_, bh, heads_first):
+    """The launch grid: (tiles, B*H), or (B*H, tiles) when every head's tile i starts before any tile i+1."""
+    return (bh, tiles_) if heads_first else (tiles_, bh)
 
 
 @direct_launches
@@ -513,18 +543,18 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
             H, nq, nk, scale, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
     else:
-        c = cfg["dkdv"]
+        c = {"EARLY_DP": True, "HEADS_FIRST": False, **cfg["dkdv"]}
         dkdv = configured(_bwd_dkdv_kernel, c)
-        wrap_triton(dkdv)[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
+        wrap_triton(dkdv)[_grid(triton.cdiv(nk, c["BLOCK_N"]), B * H, c["HEADS_FIRST"])](
             q4, k4, v4, do4, lse, delta, dk4, dv4, dq4,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(), *dq4.stride(),
             H, nq, nk, scale, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
             DOT_PRECISION=prec, **tiles(c))
     if dq_mode == "separate":
-        c = cfg["dq"]
+        c = {"EARLY_DP": False, "HEADS_FIRST": False, **cfg["dq"]}
         dq_kernel = configured(_bwd_dq_kernel, c)
-        wrap_triton(dq_kernel)[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
+        wrap_triton(dq_kernel)[_grid(triton.cdiv(nq, c["BLOCK_M"]), B * H, c["HEADS_FIRST"])](
             q4, k4, v4, do4, lse, delta, dq4,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
             H, nq, nk, scale, scale * LOG2E,

@@ -86,6 +86,21 @@ def test_tile_sizes(load, tiles, is_causal):
         check_lse(lse, q, k, v, is_causal=is_causal, tile=tiles["BLOCK_M"])
 
 
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_heads_first_grid(load, is_causal):
+    """HEADS_FIRST (a config key: grid (B*H, query tiles), every head's tile i before any tile i+1):
+    the same output and LSE, two batches x three heads so that an axis read the wrong way shows."""
+    step = load(5)
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FIRST=True)
+    q, k, v = make_qkv(2, 3, 50, 75, 32, device=DEVICE, seed=11)
+
+    def attn(q, k, v, is_causal, scale):
+        s = scale if scale is not None else q.shape[-1] ** -0.5
+        return step.forward(q, k, v, is_causal, s, config=cfg)[0]
+    check_attention(attn, q, k, v, is_causal=is_causal, grads=False, tile=16)
+    check_lse(step.forward(q, k, v, is_causal, 32 ** -0.5, config=cfg)[1], q, k, v, is_causal=is_causal, tile=16)
+
+
 def test_strided_inputs(load):
     """Non-contiguous q, k, v: a (B, N, H, D) layout seen as (B, H, N, D), a strided head dim,
     and rank 5 whose leading dims cannot be merged into one view."""

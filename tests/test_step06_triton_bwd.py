@@ -96,6 +96,26 @@ def test_tile_sizes(load, tiles, dq_mode):
                      f"causal, Nq={nq}, Nk={nk}, tiles {tiles}, {dq_mode}")
 
 
+@pytest.mark.parametrize("early_dp", [False, True], ids=["late-dp", "early-dp"])
+@pytest.mark.parametrize("heads_first", [False, True], ids=["tiles-first", "heads-first"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_launch_order_and_early_dp(load, early_dp, heads_first, is_causal):
+    """The two switches the tile table sets per shape (EARLY_DP: dP issued before the exponentials;
+    HEADS_FIRST: grid (B*H, tiles)) give the same gradients, both kernels, two batches x three heads
+    so that a grid read along the wrong axis computes another head's tile."""
+    step, step5 = load(6), load(5)
+    flags = dict(num_warps=4, num_stages=1, EARLY_DP=early_dp, HEADS_FIRST=heads_first)
+    cfg = dict(pre=dict(BLOCK_M=16), dq_mode="separate",
+               dkdv=dict(BLOCK_M=16, BLOCK_N=32, **flags), dq=dict(BLOCK_M=32, BLOCK_N=16, **flags))
+    for nq, nk in ((50, 75), (75, 50)):
+        q, k, v = make_qkv(2, 3, nq, nk, 32, device=DEVICE, seed=nq)
+        dout = make_dout(q)
+        o, lse = step5.forward(q, k, v, is_causal, 32 ** -0.5)
+        grads = step.backward(q, k, v, o, lse, dout, is_causal, 32 ** -0.5, config=cfg)
+        assert_grads(grads, reference_backward(q, k, v, dout, is_causal),
+                     f"{'causal' if is_causal else 'full'}, Nq={nq}, Nk={nk}, EARLY_DP={early_dp}, HEADS_FIRST={heads_first}")
+
+
 # (BLOCK_M1, BLOCK_N1) of the dK/dV phase, (BLOCK_M2, BLOCK_N2) of the dQ phase; None: derived from dkdv/dq.
 FUSED_TILES = [(16, 64, 32, 16), (32, 16, 64, 32), None]
 
