@@ -54,12 +54,16 @@ forward kernel, these backward kernels, both as PyTorch operators (``fwd_op``,
 
 Measured on an H200 (results/h200/grid/, 2026-11-30): forward + backward 1.23-1.42x
 PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid for N >= 2048, below
-cuDNN's backend. The CS336 leaderboard shape (B=1, H=16, N=16k, D=64, causal) takes
-5.29 ms against the leaderboard's best 5.36 (SDPA-FLASH 7.02, cuDNN 4.42, same run;
-results/h200/leaderboard/). It took 5.60 ms until the dK/dV kernel, then about 3 of the
-4.3 ms backward at about 360 TFLOP/s, got two changes (results/h200/triton/README.md):
-dP issued before the exponentials (below, in ``_dkdv_inner``) and a 128-register cap
-so that two programs share an SM (``bwd_config``): 2.50 ms. The one-launch backward
+cuDNN's backend. The CS336 leaderboard shape (B=1, H=16, N=16k, D=64, causal) took
+5.29 ms in the course's harness (SDPA-FLASH 7.02, cuDNN 4.42, same run;
+results/h200/leaderboard/) and 5.37 in CS336's own (results/h200/gpu-check/). It took
+5.60 ms until the dK/dV kernel, then about 3 of the 4.3 ms backward at about 360 TFLOP/s,
+got two changes (results/h200/triton/README.md): dP issued before the exponentials
+(below, in ``_dkdv_inner``) and a 128-register cap so that two programs share an SM
+(``bwd_config``): 2.50 ms. Then (results/h200/triton/lb_5ms_*.json) four 4-warp programs
+an SM, no early dP where several programs share an SM (``EARLY_DP``), and every head's
+heavy tiles started first in all three kernels (``HEADS_FIRST``): 5.33 -> 5.06 and
+5.34 -> 5.14 ms in CS336's harness on two H200s. The one-launch backward
 (``dq_mode="fused"``) was 9% slower than the two kernels there (best tiles 4.66 ms
 against 4.29, before those changes). Not done here: TMA loads and warp specialization
 (what cuDNN and FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64
@@ -134,7 +138,8 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
         # D=128 grid: full attention 2-5% faster fwd+bwd, causal within 3%. With two programs
         # per SM (the causal D <= 64 table below) the other program already hides the wait:
         # 2.43 with it, 2.38 without (results/h200/triton/dkdv_variants_*.json, this
-        # kernel's copy in bench/experiments/).
+        # kernel's copy in bench/experiments/), so the table sets EARLY_DP=False there; the
+        # early product costs registers, which several programs an SM cannot spare.
         # >>> STUDENT: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and if EARLY_DP issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
         sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
         if EARLY_DP:
@@ -443,6 +448,15 @@ def _bwd_fused_kernel(
 #     phases, which is what costs it: each phase wants its own. For D > 64 the entries
 #     are the separate kernels' tiles on the larger warp count (not measured).
 
+SWITCHES = ("EARLY_DP", "HEADS_FIRST")      # keys of bwd_config's entries that only step 06's two kernels take
+
+
+def tiles_only(cfg):
+    """``bwd_config``'s table without ``SWITCHES``: for other kernels that reuse its tiles (steps 08, 09)."""
+    return {key: {k: v for k, v in val.items() if k not in SWITCHES} if isinstance(val, dict) else val
+            for key, val in cfg.items()}
+
+
 def fused_config(dkdv, dq):
     """The fused kernel's tiles from the two kernels' ones: dK/dV's tiles, dQ's tiles, dK/dV's warps and stages."""
     return dict(BLOCK_M1=dkdv["BLOCK_M"], BLOCK_N1=dkdv["BLOCK_N"], BLOCK_M2=dq["BLOCK_M"], BLOCK_N2=dq["BLOCK_N"],
@@ -464,17 +478,21 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
                     dq_mode="separate")
     if bd <= 64:
         if is_causal:
-            # maxnreg (a launch option) caps registers per thread at 128, so that two 8-warp
-            # programs share an SM (65536 registers / (2 * 256 threads)); uncapped, this kernel
-            # takes 150-190 and runs alone. At the leaderboard shape the dK/dV kernel took 2.50 ms
-            # against 2.82 for 64x128 w8 s4 and 3.28 for 32x128 w4 s4, with no spills
-            # (H200, results/h200/triton/dkdv_variants_0224.json). Grid, causal D=64 fwd+bwd:
-            # 1.25-1.48x SDPA-FLASH before, 1.32-1.57x after (results/h200/grid/).
-            dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128,
+            # maxnreg (a launch option) caps registers per thread at 128 so that several programs
+            # share an SM (65536 registers): uncapped this kernel takes 150-190 and runs alone. Two
+            # 8-warp programs of 32x128 took the dK/dV kernel from 2.82 ms (64x128 w8 s4) to 2.50
+            # (H200, results/h200/triton/dkdv_variants_0224.json); four 4-warp programs of 32x64,
+            # with no early dP (it costs registers that the other programs hide anyway) and every
+            # head's heavy key tiles first, took the whole backward from 3.91 to 3.78 ms, with the
+            # dQ kernel's heads-first order; 32x128 w8 with the same two switches: 3.82
+            # (results/h200/triton/lb_5ms_*.json, two runs). Not measured at other causal shapes
+            # than the leaderboard's; the grid's causal D=64 rows use these tiles too.
+            dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4, maxnreg=128,
                         EARLY_DP=False, HEADS_FIRST=True)
+            dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, HEADS_FIRST=True)
         else:
             dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4)
-        dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+            dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
         # The best fused tiles at the leaderboard shape (4.66 ms; the tutorial's 32x128 / 128x32
         # took 5.02): still 9% behind the separate kernels there.
         fused = dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)

@@ -56,12 +56,16 @@ forward kernel, these backward kernels, both as PyTorch operators (``fwd_op``,
 
 Measured on an H200 (results/h200/grid/, 2026-11-30): forward + backward 1.23-1.42x
 PyTorch's FlashAttention-2 backend over FlashAttention's bf16 grid for N >= 2048, below
-cuDNN's backend. The CS336 leaderboard shape (B=1, H=16, N=16k, D=64, causal) takes
-5.29 ms against the leaderboard's best 5.36 (SDPA-FLASH 7.02, cuDNN 4.42, same run;
-results/h200/leaderboard/). It took 5.60 ms until the dK/dV kernel, then about 3 of the
-4.3 ms backward at about 360 TFLOP/s, got two changes (results/h200/triton/README.md):
-dP issued before the exponentials (below, in ``_dkdv_inner``) and a 128-register cap
-so that two programs share an SM (``bwd_config``): 2.50 ms. The one-launch backward
+cuDNN's backend. The CS336 leaderboard shape (B=1, H=16, N=16k, D=64, causal) took
+5.29 ms in the course's harness (SDPA-FLASH 7.02, cuDNN 4.42, same run;
+results/h200/leaderboard/) and 5.37 in CS336's own (results/h200/gpu-check/). It took
+5.60 ms until the dK/dV kernel, then about 3 of the 4.3 ms backward at about 360 TFLOP/s,
+got two changes (results/h200/triton/README.md): dP issued before the exponentials
+(below, in ``_dkdv_inner``) and a 128-register cap so that two programs share an SM
+(``bwd_config``): 2.50 ms. Then (results/h200/triton/lb_5ms_*.json) four 4-warp programs
+an SM, no early dP where several programs share an SM (``EARLY_DP``), and every head's
+heavy tiles started first in all three kernels (``HEADS_FIRST``): 5.33 -> 5.06 and
+5.34 -> 5.14 ms in CS336's harness on two H200s. The one-launch backward
 (``dq_mode="fused"``) was 9% slower than the two kernels there (best tiles 4.66 ms
 against 4.29, before those changes). Not done here: TMA loads and warp specialization
 (what cuDNN and FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64
@@ -115,7 +119,7 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
                 lo, hi, N_Q, N_K, qk_scale,              # query range [lo, hi) of this stage
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr,
                 MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, EARLY_DP: tl.constexpr = True):
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -134,14 +138,15 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
         # D=128 grid: full attention 2-5% faster fwd+bwd, causal within 3%. With two programs
         # per SM (the causal D <= 64 table below) the other program already hides the wait:
         # 2.43 with it, 2.38 without (results/h200/triton/dkdv_variants_*.json, this
-        # kernel's copy in bench/experiments/).
-        # TODO(Step 06): recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
-        raise NotImplementedError('Step 06: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query')
+        # kernel's copy in bench/experiments/), so the table sets EARLY_DP=False there; the
+        # early product costs registers, which several programs an SM cannot spare.
+        # TODO(Step 06): recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and if EARLY_DP issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
+        raise NotImplementedError('Step 06: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and if EARLY_DP issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query')
         if ATOMIC_DQ:
             # Keys past N_K were loaded as 0; drop them so no inf * 0 reaches dQ.
             pT = tl.where(offs_n[:, None] < N_K, pT, 0.0)
-        # TODO(Step 06): dv += pT @ do (pT cast to do's dtype); dsT = pT * (dpT - delta[None, :]); dk += dsT @ q (dsT cast to q's dtype); the scale is applied once, after the loop
-        raise NotImplementedError("Step 06: dv += pT @ do (pT cast to do's dtype); dsT = pT * (dpT - delta[None, :]); dk += dsT @ q (dsT cast to q's dtype); the scale is applied once, after the loop")
+        # TODO(Step 06): dv += pT @ do (pT cast to do's dtype); if not EARLY_DP, dpT = v @ do^T now; dsT = pT * (dpT - delta[None, :]); dk += dsT @ q (dsT cast to q's dtype); the scale is applied once, after the loop
+        raise NotImplementedError("Step 06: dv += pT @ do (pT cast to do's dtype); if not EARLY_DP, dpT = v @ do^T now; dsT = pT * (dpT - delta[None, :]); dk += dsT @ q (dsT cast to q's dtype); the scale is applied once, after the loop")
         if ATOMIC_DQ:
             # This key tile's share of dQ for these query rows (unscaled: the launcher scales it).
             dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION)   # (BLOCK_M, BLOCK_D)
@@ -156,7 +161,8 @@ def _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,      # pointers to this (bat
                stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
                start_n, N_Q, N_K, scale, qk_scale,       # this tile's first key row
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               EARLY_DP: tl.constexpr = True):
     """dK and dV of key rows [start_n, start_n + BLOCK_N): the loop over every query tile that sees them."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -172,15 +178,15 @@ def _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,      # pointers to this (bat
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, lo, diag_end, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, diag_end, q_full, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+                         HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, tail, N_Q, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
     dk_ptrs = DK + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     dv_ptrs = DV + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     in_range = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
@@ -203,11 +209,20 @@ def _bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,                                # key rows per program
     BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EARLY_DP: tl.constexpr,                               # dP = V dO^T issued before the exponentials (_dkdv_inner)
+    HEADS_FIRST: tl.constexpr,                            # grid (B*H, key tiles) instead of (key tiles, B*H)
 ):
     scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
     qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_n = tl.program_id(0)          # causal: key tile 0 is seen by the most queries and starts first
-    bh = tl.program_id(1)
+    # Causal: key tile 0 is seen by the most queries. Programs start in grid order (axis 0
+    # fastest): HEADS_FIRST starts every head's tile 0, then every head's tile 1, ...: the heavy
+    # tiles of all heads first and the light ones last, where they fill the gaps at the end.
+    if HEADS_FIRST:
+        pid_n = tl.program_id(1)
+        bh = tl.program_id(0)
+    else:
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
@@ -223,7 +238,7 @@ def _bwd_dkdv_kernel(
                stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
                pid_n * BLOCK_N, N_Q, N_K, scale, qk_scale,
-               HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION)
+               HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
 
 
 # %% 3. dQ, second pass --------------------------------------------------------------
@@ -233,14 +248,15 @@ def _dq_inner(dq, q, do, lse2, delta,                    # fp32 accumulator (BLO
               K, V, stride_kn, stride_kd, stride_vn, stride_vd,
               offs_m, offs_d, lo, hi, N_K, qk_scale,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
-              MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              EARLY_DP: tl.constexpr = False):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # TODO(Step 06): load the K and V tiles as step 05's forward loop does
         raise NotImplementedError("Step 06: load the K and V tiles as step 05's forward loop does")
-        # TODO(Step 06): recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T; ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)
-        raise NotImplementedError("Step 06: recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T; ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)")
+        # TODO(Step 06): recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T (if EARLY_DP issued before the exp2, as in _dkdv_inner); ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)
+        raise NotImplementedError("Step 06: recompute p = exp2(q @ k^T * qk_scale - lse2[:, None]) (masked as in the forward: 0 where key >= N_K or, causal, key > query); dp = do @ v^T (if EARLY_DP issued before the exp2, as in _dkdv_inner); ds = p * (dp - delta[:, None]); dq += ds @ k (ds cast to k's dtype)")
     return dq
 
 
@@ -250,7 +266,7 @@ def _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,                 # pointers to this (ba
              stride_dom, stride_dod, stride_dqm, stride_dqd,
              start_m, N_Q, N_K, scale, qk_scale,         # this tile's first query row
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-             IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+             IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, EARLY_DP: tl.constexpr = False):
     """dQ of query rows [start_m, start_m + BLOCK_M): the loop over the key tiles they see."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -264,10 +280,10 @@ def _dq_tile(Q, K, V, DO, LSE, DELTA, DQ,                 # pointers to this (ba
     raise NotImplementedError("Step 06: the key ranges [0, hi_full) unmasked and [hi_full, hi) masked, the same split as step 05's forward kernel")
     dq = _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, offs_d, 0, hi_full, N_K, qk_scale,
-                   HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION)
+                   HEAD_DIM, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION, EARLY_DP)
     dq = _dq_inner(dq, q, do, lse2, delta, K, V, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, offs_d, hi_full, hi, N_K, qk_scale,
-                   HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION)
+                   HEAD_DIM, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, EARLY_DP)
     dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
@@ -284,13 +300,20 @@ def _bwd_dq_kernel(
     H, N_Q, N_K, scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EARLY_DP: tl.constexpr, HEADS_FIRST: tl.constexpr,     # as in _bwd_dkdv_kernel
 ):
     scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
     qk_scale = tl.cast(qk_scale, tl.float32)
-    pid_m = tl.program_id(0)
+    if HEADS_FIRST:
+        pid_m = tl.program_id(1)
+        bh = tl.program_id(0)
+        n_tiles = tl.num_programs(1)
+    else:
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        n_tiles = tl.num_programs(0)
     if IS_CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m          # heaviest query tiles first, as in the forward
-    bh = tl.program_id(1)
+        pid_m = n_tiles - 1 - pid_m          # heaviest query tiles first, as in the forward
     b = bh // H
     h = bh % H
     Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
@@ -304,7 +327,7 @@ def _bwd_dq_kernel(
              stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
              stride_dom, stride_dod, stride_dqm, stride_dqd,
              pid_m * BLOCK_M, N_Q, N_K, scale, qk_scale,
-             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, DOT_PRECISION)
+             HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, DOT_PRECISION, EARLY_DP)
 
 
 # %% 4. dK, dV and dQ in one launch -------------------------------------------------
@@ -382,6 +405,15 @@ def _bwd_fused_kernel(
 #     phases, which is what costs it: each phase wants its own. For D > 64 the entries
 #     are the separate kernels' tiles on the larger warp count (not measured).
 
+SWITCHES = ("EARLY_DP", "HEADS_FIRST")      # keys of bwd_config's entries that only step 06's two kernels take
+
+
+def tiles_only(cfg):
+    """``bwd_config``'s table without ``SWITCHES``: for other kernels that reuse its tiles (steps 08, 09)."""
+    return {key: {k: v for k, v in val.items() if k not in SWITCHES} if isinstance(val, dict) else val
+            for key, val in cfg.items()}
+
+
 def fused_config(dkdv, dq):
     """The fused kernel's tiles from the two kernels' ones: dK/dV's tiles, dQ's tiles, dK/dV's warps and stages."""
     return dict(BLOCK_M1=dkdv["BLOCK_M"], BLOCK_N1=dkdv["BLOCK_N"], BLOCK_M2=dq["BLOCK_M"], BLOCK_N2=dq["BLOCK_N"],
@@ -403,16 +435,21 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
                     dq_mode="separate")
     if bd <= 64:
         if is_causal:
-            # maxnreg (a launch option) caps registers per thread at 128, so that two 8-warp
-            # programs share an SM (65536 registers / (2 * 256 threads)); uncapped, this kernel
-            # takes 150-190 and runs alone. At the leaderboard shape the dK/dV kernel took 2.50 ms
-            # against 2.82 for 64x128 w8 s4 and 3.28 for 32x128 w4 s4, with no spills
-            # (H200, results/h200/triton/dkdv_variants_0224.json). Grid, causal D=64 fwd+bwd:
-            # 1.25-1.48x SDPA-FLASH before, 1.32-1.57x after (results/h200/grid/).
-            dkdv = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128)
+            # maxnreg (a launch option) caps registers per thread at 128 so that several programs
+            # share an SM (65536 registers): uncapped this kernel takes 150-190 and runs alone. Two
+            # 8-warp programs of 32x128 took the dK/dV kernel from 2.82 ms (64x128 w8 s4) to 2.50
+            # (H200, results/h200/triton/dkdv_variants_0224.json); four 4-warp programs of 32x64,
+            # with no early dP (it costs registers that the other programs hide anyway) and every
+            # head's heavy key tiles first, took the whole backward from 3.91 to 3.78 ms, with the
+            # dQ kernel's heads-first order; 32x128 w8 with the same two switches: 3.82
+            # (results/h200/triton/lb_5ms_*.json, two runs). Not measured at other causal shapes
+            # than the leaderboard's; the grid's causal D=64 rows use these tiles too.
+            dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4, maxnreg=128,
+                        EARLY_DP=False, HEADS_FIRST=True)
+            dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, HEADS_FIRST=True)
         else:
             dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4)
-        dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+            dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
         # The best fused tiles at the leaderboard shape (4.66 ms; the tutorial's 32x128 / 128x32
         # took 5.02): still 9% behind the separate kernels there.
         fused = dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, num_warps=4, num_stages=3)
@@ -430,6 +467,11 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
 # %% Launchers -----------------------------------------------------------------------
 
 DQ_MODES = ("separate", "atomic", "fused")
+
+
+def _grid(tiles_, bh, heads_first):
+    """The launch grid: (tiles, B*H), or (B*H, tiles) when every head's tile i starts before any tile i+1."""
+    return (bh, tiles_) if heads_first else (tiles_, bh)
 
 
 @direct_launches
@@ -476,18 +518,18 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
             H, nq, nk, scale, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
     else:
-        c = cfg["dkdv"]
+        c = {"EARLY_DP": True, "HEADS_FIRST": False, **cfg["dkdv"]}
         dkdv = configured(_bwd_dkdv_kernel, c)
-        wrap_triton(dkdv)[(triton.cdiv(nk, c["BLOCK_N"]), B * H)](
+        wrap_triton(dkdv)[_grid(triton.cdiv(nk, c["BLOCK_N"]), B * H, c["HEADS_FIRST"])](
             q4, k4, v4, do4, lse, delta, dk4, dv4, dq4,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(), *dq4.stride(),
             H, nq, nk, scale, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
             DOT_PRECISION=prec, **tiles(c))
     if dq_mode == "separate":
-        c = cfg["dq"]
+        c = {"EARLY_DP": False, "HEADS_FIRST": False, **cfg["dq"]}
         dq_kernel = configured(_bwd_dq_kernel, c)
-        wrap_triton(dq_kernel)[(triton.cdiv(nq, c["BLOCK_M"]), B * H)](
+        wrap_triton(dq_kernel)[_grid(triton.cdiv(nq, c["BLOCK_M"]), B * H, c["HEADS_FIRST"])](
             q4, k4, v4, do4, lse, delta, dq4,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
             H, nq, nk, scale, scale * LOG2E,

@@ -40,7 +40,7 @@ from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_n
 from attnlib.rowdot import rowdot_block, rowdot_kernel
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _fwd_inner, _pow2_dim, fwd_config, load_tile, store_tile
-from .step06_triton_bwd import _dkdv_inner, _dq_tile, bwd_config
+from .step06_triton_bwd import _dkdv_inner, _dq_tile, bwd_config, tiles_only
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
@@ -248,11 +248,16 @@ def backward(q, k, v, o, lse, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 # ragged batch (H200, bf16; bench/experiments/triton_bwd_tiles.py, results/h200/triton/bwd_tiles.json).
 _STEP06_DQ_D64 = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
 _VARLEN_DQ_D64 = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
+# Step 06's causal D <= 64 dK/dV tiles until 2026-12-01, the ones step 08 was measured with
+# (results/h200/varlen/); step 06 moved to 32x64 on 4 warps at the leaderboard shape, not measured here.
+_STEP06_DKDV_CAUSAL_D64 = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128)
 
 
 def varlen_bwd_config(nq, nk, d, dtype, is_causal, device_type, bh):
     """Step 06's backward table, with step 08's own dQ tile where step 06's does not fit its dQ kernel."""
-    cfg = bwd_config(nq, nk, d, dtype, is_causal, device_type, bh)
+    cfg = tiles_only(bwd_config(nq, nk, d, dtype, is_causal, device_type, bh))
+    if device_type == "cuda" and dtype != torch.float32 and _pow2_dim(d) <= 64 and is_causal:
+        cfg = dict(cfg, dkdv=dict(_STEP06_DKDV_CAUSAL_D64))
     return dict(cfg, dq=dict(_VARLEN_DQ_D64)) if cfg["dq"] == _STEP06_DQ_D64 else cfg
 
 

@@ -44,7 +44,7 @@ from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_n
 from attnlib.rowdot import rowdot_block, rowdot_kernel
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, fwd_config, load_tile, store_tile
-from .step06_triton_bwd import bwd_config
+from .step06_triton_bwd import bwd_config, tiles_only
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
@@ -502,7 +502,7 @@ def sparse_bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
     a thread here, and uncapped they run one program per SM, 12-16% slower; 32x64 on 4 warps took the
     dK/dV + dQ backward 1-14% under step 06's table, and the cap on dQ (two programs per SM instead of
     one at 180 registers) about 6% (H200, the same run and shapes as ``sparse_fwd_config``)."""
-    cfg = bwd_config(nq, nk, d, dtype, is_causal, device_type, bh)
+    cfg = tiles_only(bwd_config(nq, nk, d, dtype, is_causal, device_type, bh))
     if device_type == "cuda" and dtype != torch.float32 and _pow2_dim(d) <= 64:
         cfg = dict(cfg, dkdv=dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3),
                    dq=dict(cfg["dq"], maxnreg=128) if cfg["dq"]["num_warps"] == 8 else cfg["dq"])
