@@ -15,12 +15,31 @@ N = 16384, D in {64, 128}. ncu profiles the kernels in that range only:
         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \\
         -o DIR/cuda_v3_v4 python bench/experiments/cuda_v3_v4_ncu.py
     ncu --import DIR/cuda_v3_v4.ncu-rep --page details --csv > DIR/cuda_v3_v4.csv
+    ncu --import DIR/cuda_v3_v4.ncu-rep --page raw --csv > DIR/cuda_v3_v4_raw.csv
 
 (Tar the folder before it leaves a lent machine: only a few loose files come back.) Without ncu,
 ``--out DIR`` times each side with do_bench and writes DIR/cuda_v3_v4_timings.json (under a minute), a check
-that the sides run before profiling them.
+that the sides run before profiling them. ``--summarize DIR`` (CPU, no torch) reads the two CSV pages and the
+timings and writes DIR/summary.json: per kernel, the figures below, each named by its ncu metric.
 
-Answer: not yet run (written 2026-12-01 without a GPU; the device time of that session was spent).
+Answer (one H200, 2026-12-01 ~17:08 UTC, torch 2.11.0+cu130, CUDA 13.0; results/h200/step07_v4/ncu/, its
+README has the table). No --clock-control was given, so ncu fixed the SM clock (1.34-1.37 GHz): durations under
+ncu are 1.24-1.33x do_bench's (cuDNN at D=128 1.08x); the figures are shares of cycles, times compared only
+within the profile. Tensor pipe active (sm__pipe_tensor_cycles_active, % of elapsed cycles), D=64 / D=128:
+v3 48.7 / 52.3%, v4 128x64 43.2 / 45.1%, v4 128x128 34.5 / 43.6%, cuDNN 51.2 / 75.1%. v3 runs no wgmma (gmma
+0%, all on hmma: mma.sync); v4 and cuDNN run wgmma (their hmma counter is exactly half the gmma one). Times the
+duration, every wgmma kernel keeps the tensor pipe busy 2.98-3.04 ms, v3 4.46-4.47 ms for the same FLOPs: v4
+gives the tensor cores the same work as cuDNN and leaves them idle 3.92 / 3.64 ms against cuDNN's 2.85 / 1.00.
+The XU pipe (exp2 runs there) is as busy in every kernel, 3.1 ms at D=64 (more than the products) and 1.55 ms at D=128;
+cuDNN's tensor and XU busy times add to more than its duration (at least 0.23 / 0.55 ms overlapped), v4's to
+less. Top stalls, cycles per issued instruction (share of all warp cycles): v3 wait 1.01 (25%) / 1.65 (35%);
+v4 128x64 barrier 1.22 (19%) and not selected 1.21 (19%) at D=64, barrier 1.49 (30%) at D=128, then wait
+1.08 / 0.90; cuDNN wait 0.74 (18%) and barrier 0.71 (17%) at D=64, barrier 1.32 (26%) at D=128; the gmma stall
+0.22 / 0.09 in v4. v4 issues 1.34 / 1.52x cuDNN's instructions, MIO throttle 0.55 / 0.30 against 0.04 / 0.02,
+LSU 12.2 / 7.8% against 1.6 / 1.2%, and only cuDNN's TMA pipe is active. Occupancy is not it: at D=64 v4 has
+16 warps an SM (111 registers, 2 CTAs) against cuDNN's 9. So what v4 leaves to cuDNN is overlap (softmax under
+the next wgmma, two consumer warpgroups) and TMA copies from a producer warp; not measured yet. Open: where v4's
+warps wait, line by line (ncu's source view, --set full).
 """
 
 from __future__ import annotations
