@@ -216,11 +216,16 @@ def main(argv=None):
     train(args)
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
-        # Every rank leaves together and tears its process group down before the interpreter does, as
-        # PyTorch asks. Left to interpreter exit, one gloo rank now and then aborted after training had
-        # finished ("terminate called without an active exception", SIGABRT: make test, 2026-12-01).
+        # Every rank leaves together, then at once. Left to interpreter exit, one gloo rank now and then
+        # aborted after training had finished ("terminate called without an active exception", SIGABRT:
+        # make test, 2026-12-01), and it still did about one run in three with destroy_process_group()
+        # after the barrier (tests/test_capstone_dist.py, fsdp-bf16, on a CPU): a gloo worker thread still
+        # joinable when the process group is destroyed. Everything this run writes is written by now
+        # (train() wrote --out); attnlib/dist.py's workers leave the same way.
         dist.barrier()
-        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
