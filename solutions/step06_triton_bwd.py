@@ -60,10 +60,10 @@ results/h200/leaderboard/) and 5.37 in CS336's own (results/h200/gpu-check/). It
 5.60 ms until the dK/dV kernel, then about 3 of the 4.3 ms backward at about 360 TFLOP/s,
 got two changes (results/h200/triton/README.md): dP issued before the exponentials
 (below, in ``_dkdv_inner``) and a 128-register cap so that two programs share an SM
-(``bwd_config``): 2.50 ms. Then (results/h200/triton/lb_5ms_*.json) four 4-warp programs
-an SM, no early dP where several programs share an SM (``EARLY_DP``), and every head's
-heavy tiles started first in all three kernels (``HEADS_FIRST``): 5.33 -> 5.06 and
-5.34 -> 5.14 ms in CS336's harness on two H200s. The one-launch backward
+(``bwd_config``): 2.50 ms. Then (results/h200/triton/lb_5ms_*.json) every head's heavy
+tiles started first in all three kernels (``HEADS_FIRST``) and four 4-warp programs an SM
+for dK/dV: 5.33 -> 5.06 and 5.34 -> 5.14 ms in CS336's harness on two H200s, 5.08 and 5.18
+in two ``make gpu-check`` runs. The one-launch backward
 (``dq_mode="fused"``) was 9% slower than the two kernels there (best tiles 4.66 ms
 against 4.29, before those changes). Not done here: TMA loads and warp specialization
 (what cuDNN and FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64
@@ -138,8 +138,10 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
         # D=128 grid: full attention 2-5% faster fwd+bwd, causal within 3%. With two programs
         # per SM (the causal D <= 64 table below) the other program already hides the wait:
         # 2.43 with it, 2.38 without (results/h200/triton/dkdv_variants_*.json, this
-        # kernel's copy in bench/experiments/), so the table sets EARLY_DP=False there; the
-        # early product costs registers, which several programs an SM cannot spare.
+        # kernel's copy in bench/experiments/). In step 06 itself, with several programs an SM
+        # and heavy tiles first, it no longer matters: 3.812 vs 3.831 ms backward at 32x128,
+        # 3.790 vs 3.775 at 32x64 (results/h200/triton/lb_5ms_*.json); the table leaves it off
+        # there (EARLY_DP=False), the plain order of the math.
         # >>> STUDENT: recompute P transposed, (BLOCK_N, BLOCK_M): sT = k @ q^T * qk_scale, and if EARLY_DP issue dpT = v @ do^T right after it (see the note above); pT = exp2(sT - lse2[None, :]); in a MASKED stage set pT to 0 where the query is >= N_Q or, if IS_CAUSAL, where key > query
         sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
         if EARLY_DP:
@@ -481,12 +483,12 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
             # maxnreg (a launch option) caps registers per thread at 128 so that several programs
             # share an SM (65536 registers): uncapped this kernel takes 150-190 and runs alone. Two
             # 8-warp programs of 32x128 took the dK/dV kernel from 2.82 ms (64x128 w8 s4) to 2.50
-            # (H200, results/h200/triton/dkdv_variants_0224.json); four 4-warp programs of 32x64,
-            # with no early dP (it costs registers that the other programs hide anyway) and every
-            # head's heavy key tiles first, took the whole backward from 3.91 to 3.78 ms, with the
-            # dQ kernel's heads-first order; 32x128 w8 with the same two switches: 3.82
-            # (results/h200/triton/lb_5ms_*.json, two runs). Not measured at other causal shapes
-            # than the leaderboard's; the grid's causal D=64 rows use these tiles too.
+            # (H200, results/h200/triton/dkdv_variants_0224.json). At the leaderboard shape, whole
+            # backward (results/h200/triton/lb_5ms_*.json, two runs on two H200s): every head's
+            # heavy key tiles first 3.95 -> 3.81 ms; the dQ kernel's too, 3.83 -> 3.75 and 3.91 ->
+            # 3.82; four 4-warp programs of 32x64 instead of two of 32x128, 3.82 -> 3.78 (s3 and s4
+            # within 0.2%); the early dP within 0.5% either way here. Not measured at other causal
+            # shapes than the leaderboard's; the grid's causal D=64 rows will use these tiles too.
             dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4, maxnreg=128,
                         EARLY_DP=False, HEADS_FIRST=True)
             dq = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, HEADS_FIRST=True)

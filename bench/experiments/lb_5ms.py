@@ -21,7 +21,17 @@ forward's config is read when the graph is traced).
 
     python bench/experiments/lb_5ms.py --out DIR          # an H200: about 3-4 minutes
 
-Answer: not yet run.
+Answer (two runs on two H200s, 2026-12-01 17:05 and 17:11 UTC; results/h200/triton/lb_5ms_1201_1705.json, .log
+and lb_5ms_1201_1711.json, .log). Heads first pays in every kernel: the forward 1.327 -> 1.272 ms (1.258 in the
+second run), the backward 3.951 -> 3.812 with the dK/dV kernel's, 3.83 -> 3.75 and 3.91 -> 3.82 with the dQ
+kernel's. Four 4-warp programs of 32x64 an SM beat two 8-warp programs of 32x128 by about 1% (3.775-3.794 vs
+3.822-3.831). The early dP is within 0.5% either way once several programs share an SM; without heads first
+turning it off cost 4% (3.951 -> 4.104). No other forward or dQ tile, TMA at D=64 (1.337-1.367 vs 1.258-1.327),
+nor the atomic dQ (4.28-5.53) paid. CS336's harness (rep 3000 ms in the first run, 10000 in the second):
+05f8bc2's tables 5.33 ms, all of the above 5.06 (first run; cuDNN 4.47) and 5.14-5.16 (second; cuDNN 4.55):
+5.0 not reached. Step 06 and step 05 took these tables (23218fc); `make gpu-check` measured them at 5.08 and
+5.18 ms on two more H200s. What is left is inside each program: the softmax waits on every wgmma
+(`triton_fwd_overlap.py`: Triton keeps no product in flight across the exponentials).
 """
 
 from __future__ import annotations
