@@ -1,5 +1,6 @@
 """The benchmark harness: FLOP counting, rows, OOM handling, plots from JSON alone."""
 
+import pytest
 import torch
 
 from bench import core
@@ -143,7 +144,11 @@ def test_varlen_and_sparse_suites_redraw_their_plots_without_a_gpu(tmp_path, cap
 
     from bench.__main__ import main
 
-    root = Path(__file__).resolve().parent.parent / "results" / "h200"
+    repo = Path(__file__).resolve().parent.parent
+    if not (repo / "bench" / "varlen_gpu.py").exists():
+        # The student release ships the bench harness, not these scripts (they time solutions/).
+        pytest.skip("bench/varlen_gpu.py and bench/sparse_gpu.py are not in this copy of the course")
+    root = repo / "results" / "h200"
     for suite, src, png in (("varlen", "varlen/varlen.json", "varlen.png"),
                             ("sparse", "sparse/sparse.json", "sparse_vs_flex.png")):
         d = tmp_path / suite
