@@ -23,6 +23,20 @@ def source_bytes() -> bytes:
     return b"\n".join(p.read_bytes() for p in files)
 
 
+def synthetic_bytes(n_words: int = 40000, seed: int = 0) -> bytes:
+    """A text that does not change when the repository does: ``n_words`` words drawn from twenty, seeded.
+
+    For tests that compare two training runs to a tight tolerance: AdamW turns the legitimate rounding
+    difference of two runs into a visible one where a gradient is as small as its eps (1e-8), and which
+    weights sit there depends on the text; the default corpus (the repository's sources) moves with every
+    edit. Point ``CAPSTONE_CORPUS`` at a file holding these bytes.
+    """
+    words = [b"attention", b"softmax", b"tile", b"kernel", b"query", b"key", b"value", b"warp", b"the", b"a",
+             b"of", b"to", b"in", b"is", b"block", b"mask", b"scale", b"row", b"sum", b"max"]
+    g = torch.Generator().manual_seed(seed)
+    return b" ".join(words[i] for i in torch.randint(len(words), (n_words,), generator=g).tolist())
+
+
 def corpus() -> torch.Tensor:
     """The training text as int64 bytes. ``CAPSTONE_CORPUS=FILE`` pins it to that file's bytes: the sources
     change with every edit, so runs that must see the same data (tests/test_capstone_dist.py) pin it."""

@@ -97,11 +97,8 @@ def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path, monkeypatch):
     default corpus is the repository's own sources, so an edit to a README once moved one weight there (1.9e-5
     off after 3 steps, its first-step update 0.62 lr). The corpus is pinned to a text generated here."""
     import socket
-    words = [b"attention", b"softmax", b"tile", b"kernel", b"query", b"key", b"value", b"warp", b"the", b"a",
-             b"of", b"to", b"in", b"is", b"block", b"mask", b"scale", b"row", b"sum", b"max"]
-    g = torch.Generator().manual_seed(0)
-    text = b" ".join(words[i] for i in torch.randint(len(words), (40000,), generator=g).tolist())
-    (tmp_path / "corpus.txt").write_bytes(text)
+    from capstone import data
+    (tmp_path / "corpus.txt").write_bytes(data.synthetic_bytes())
     monkeypatch.setenv("CAPSTONE_CORPUS", str(tmp_path / "corpus.txt"))   # the spawned ranks inherit os.environ
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
