@@ -85,7 +85,9 @@ a 128-register cap; at 128x32 tiles 124 registers, no spills, two programs per S
 64x64 on 4 warps 190 registers (two 4-warp programs), 164 at a 168 cap (three). Not causal and D=128 alike
 (D=128: 255 registers at 128x64, 170 at 128x32; step 05's own 128x128 table tile is already at 255 with 4 B
 spilled causal). Whether any of it pays is the GPU's question: the overlap inside one program against the
-second program per SM that step 05 uses to fill the same gaps.
+second program per SM that step 05 uses to fill the same gaps. Not tried here: Gluon (``triton.experimental.gluon``,
+in Triton 3.6: ``warpgroup_mma(..., is_async=True)``, ``warpgroup_mma_wait(num_outstanding=...)``), which states the
+waits by hand (the carried S would still need its back-edge copy after a wait, or the loop unrolled by two).
 
 How to run:
 
