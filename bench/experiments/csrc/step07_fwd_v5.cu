@@ -193,9 +193,22 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
         const int st = j % STAGES;
         const uint32_t ph = (j / STAGES) & 1;
         const uint32_t Kt = Ks + st * Cfg::KV_BYTES;
-        const uint32_t Vt = Vs + st * Cfg::KV_BYTES;
 
-        // S = Q K^T (v4's batch). Waiting for it also retires O += P V_{j-1}, still in flight.
+        // O += P_{j-1} V_{j-1} (P from the previous iteration's registers), then S = Q K^T_j
+        // (v4's batch): two batches issued back to back, one wait for both. (Issuing P V at the
+        // end of iteration j-1 instead, in flight across the loop's back edge, makes ptxas
+        // serialize every wgmma: C7515, the back edge's copies of O define its registers.)
+        if (j > 0) {
+            const int pst = (j - 1) % STAGES;
+            mbar_wait(full_v(pst), ((j - 1) / STAGES) & 1);
+            const uint32_t Vp = Vs + pst * Cfg::KV_BYTES;
+            fence_regs(o);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                wgmma_rs<T, D>(o, pa[kk], make_desc(Vp + kk * 16 * 128, BN * 128, 1024), 1);
+            wgmma_commit();
+        }
         mbar_wait(full_k(st), ph);
         float s[BN / 2];
         wgmma_fence();
@@ -254,13 +267,17 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
             pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
         }
 
-        // O += P V_j: issued, not waited for (the next S's wait retires it).
-        mbar_wait(full_v(st), ph);
+    }
+    // The last tile's O += P V.
+    if (n_tiles > 0) {
+        const int pst = (n_tiles - 1) % STAGES;
+        mbar_wait(full_v(pst), ((n_tiles - 1) / STAGES) & 1);
+        const uint32_t Vp = Vs + pst * Cfg::KV_BYTES;
         fence_regs(o);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_rs<T, D>(o, pa[kk], make_desc(Vt + kk * 16 * 128, BN * 128, 1024), 1);
+            wgmma_rs<T, D>(o, pa[kk], make_desc(Vp + kk * 16 * 128, BN * 128, 1024), 1);
         wgmma_commit();
     }
     wgmma_wait<0>();
