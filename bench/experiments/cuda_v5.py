@@ -39,7 +39,8 @@ register the consumers touch is R103 (D=64, BN=64), R135 (D=128, BN=64), R151 (D
 under R8. Instructions a kernel (static counts): UTMALDG.3D 3 (D=64) or 6 (D=128): Q, K, V, one per
 64-column block; HGMMA 12 / 16 at BN=64 (D/16 for S + BN/16 for P V in the loop, BN/16 for the last
 P V) and 20 / 24 at BN=128; 2 WARPGROUP.DEPBAR (one wait an iteration, one after the loop), no C7515
-serialization, no HMMA, no LDL/STL; SYNCS (mbarrier) 24 (2 stages) or 32 (4 stages).
+serialization, no HMMA, no LDL/STL; SYNCS (mbarrier init / arrive / try-wait) 25 (2 stages) or 33 (4 stages), one BAR.SYNC (after the
+mbarrier init), no LDGSTS (cp.async).
 
 Answer: not yet run on a GPU.
 
