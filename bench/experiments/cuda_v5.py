@@ -23,22 +23,30 @@ warpgroups, 384 threads, 128 query rows:
     memory), one wait for both, release K_j and V_{j-1}, mask, v4's base-2 online softmax, pack P.
     The last tile's P V after the loop. (Issuing P V at the end of iteration j instead, in flight
     across the loop's back edge, made ptxas serialize every wgmma: C7515.)
-  - configs: 0 = 128x64 tiles, 2 stages; 1 = 128x64, 4 stages; 2 = 128x128, 2 stages.
+  - configs (launch_d): 0 = 128x64 tiles, 2 stages; 1 = 128x64, 4 stages; 2 = 128x128, 2 stages;
+    3 = config 0 with ping-pong; 4 = config 2 with ping-pong; 5 = three consumer warpgroups (192x64
+    tiles, 2 stages, setmaxnreg 160 for the consumers). Ping-pong (FlashAttention-3's inter-warpgroup
+    schedule): named barriers 1 and 2 give the two consumers turns; a consumer issues its batch
+    (P V_{j-1}, Q K_j^T) only in its turn and passes the turn on right after issuing, so the tensor
+    cores run one warpgroup's batch while the other one does its softmax.
   Kept from v4: fp32 accumulation, exp2 with the scale folded into one FFMA, masks on boundary tiles
   only, causal tiles longest first, O and the natural-log LSE stored from registers, the contract
-  (fp16/bf16, D 64/128, top-left causal, Nq != Nk). Not done: ping-pong between the two consumer
-  warpgroups (named barriers: one's softmax under the other's wgmma), the intra-warpgroup overlap of
-  the softmax of tile j with Q K^T of tile j+1, a TMA store of O, persistent CTAs.
+  (fp16/bf16, D 64/128, top-left causal, Nq != Nk). Not done: the intra-warpgroup overlap of the
+  softmax of tile j with Q K^T of tile j+1, a TMA store of O, persistent CTAs, cluster multicast.
+  The binding (step07_v5_binding.cpp) could not be compiled here: this machine's torch is a CPU
+  build without the CUDA headers it includes (c10/cuda, cusparse.h); it is step07_binding.cpp's fwd,
+  narrowed.
 
 Compile report (CPU, nvcc 13.0, sm_90a, the flags step07_cuda.py gives v4; `--compile-report`,
-2026-12-01): 12 kernel instances (2 dtypes x D 64/128 x 3 configs), each 0 bytes stack, 0 spills;
-ptxas reports 168 registers a thread for every instance (65536 / 384 at launch) and the SASS holds
-USETMAXREG.DEALLOC 0x18 (producer: 24) and USETMAXREG.TRY_ALLOC 0xf0 (consumers: 240); the highest
-register the consumers touch is R103 (D=64, BN=64), R135 (D=128, BN=64), R151 (D=64, BN=128), R183
-(D=128, BN=128 -- above the 168 of launch: the setmaxnreg budget is used); the producer's code stays
-under R8. Instructions a kernel (static counts): UTMALDG.3D 3 (D=64) or 6 (D=128): Q, K, V, one per
+2026-12-01): 24 kernel instances (2 dtypes x D 64/128 x 6 configs), each 0 bytes stack, 0 spills;
+ptxas reports 168 registers a thread (65536 / 384 at launch; 128 with three consumers, 512 threads)
+and the SASS holds USETMAXREG.DEALLOC 0x18 (producer: 24) and USETMAXREG.TRY_ALLOC 0xf0 (consumers:
+240; 0xa0 = 160 with three); the highest register the consumers touch is R103 (D=64, BN=64), R135
+(D=128, BN=64), R151 (D=64, BN=128), R183 (D=128, BN=128 -- above the 168 of launch: the setmaxnreg
+budget is used), the same with ping-pong or three consumers; the producer's code stays under R9. Instructions a kernel (static counts): UTMALDG.3D 3 (D=64) or 6 (D=128): Q, K, V, one per
 64-column block; HGMMA 12 / 16 at BN=64 (D/16 for S + BN/16 for P V in the loop, BN/16 for the last
-P V) and 20 / 24 at BN=128; 2 WARPGROUP.DEPBAR (one wait an iteration, one after the loop), no C7515
+P V) and 20 / 24 at BN=128; ping-pong adds 2 BAR.SYNC (named) to the one after the mbarrier
+init; 2 WARPGROUP.DEPBAR (one wait an iteration, one after the loop), no C7515
 serialization, no HMMA, no LDL/STL; SYNCS (mbarrier init / arrive / try-wait) 25 (2 stages) or 33 (4 stages), one BAR.SYNC (after the
 mbarrier init), no LDGSTS (cp.async).
 
@@ -48,9 +56,9 @@ What it does on a GPU (each part in its own try/except, the JSON rewritten after
   1. build the experiment's extension (step07_v5_binding.cpp + step07_fwd_v5.cu, sm_90a only);
   2. v5 against the float64 reference (attnlib.checks: O and the LSE), bf16 and fp16, D 64 and 128,
      causal and not, (Nq, Nk) in (1, 1), (77, 77), (128, 128), (1000, 1000), (300, 700), (700, 300),
-     (4096, 4096), every config;
+     (4096, 4096), every config (336 cases);
   3. timing (triton.testing.do_bench, median; every implementation first checked against v4's output
-     at that shape): v4 (its default 128x64 config), v5 configs 0-2, SDPA FLASH, SDPA cuDNN; bf16,
+     at that shape): v4 (its default 128x64 config), v5 configs 0-5, SDPA FLASH, SDPA cuDNN; bf16,
      N 4k/8k/16k, B = 16384/N, H = 2048/D, D 128 and 64, causal and not; TFLOP/s with FlashAttention's
      count 4*B*H*N*N*D (halved for causal), ratio to cuDNN from the same run;
   4. ``--sanitize``: a small case (N = 77 and 300, both D, causal and not, every config) in a child
@@ -90,10 +98,12 @@ STEP07_CSRC = REPO / "solutions" / "csrc"
 SOURCES = ["step07_v5_binding.cpp", "step07_fwd_v5.cu"]
 HEADERS = ["step07_v5_wgmma.cuh"]
 STEP07_HEADERS = ["step07_launch.h", "step07_common.cuh"]
-CONFIGS = (0, 1, 2)                 # launch_d in step07_fwd_v5.cu
-# (D, BN, STAGES) of each config, as the kernel instances are named.
-CONFIG_SHAPES = {0: (64, 2), 1: (64, 4), 2: (128, 2)}
-PRODUCER_REGS, CONSUMER_REGS = 24, 240
+CONFIGS = (0, 1, 2, 3, 4, 5)        # launch_d in step07_fwd_v5.cu
+# config -> (BN, stages, consumer warpgroups, ping-pong); BM = 64 x consumers.
+CONFIG_SHAPES = {0: (64, 2, 2, False), 1: (64, 4, 2, False), 2: (128, 2, 2, False), 3: (64, 2, 2, True),
+                 4: (128, 2, 2, True), 5: (64, 2, 3, False)}
+PRODUCER_REGS = 24
+CONSUMER_REGS = {2: 240, 3: 160}    # setmaxnreg.inc of the consumers, by their number
 
 LOG = None
 RESULT: dict = {"parts": {}}
@@ -180,9 +190,10 @@ def compile_v5(workdir: Path, src: Path | None = None, arch: str = "sm_90a") -> 
 
 
 def _kernel_key(name: str) -> str:
-    m = re.search(r"V5ConfigILi(\d+)ELi(\d+)ELi(\d+)", name)
+    m = re.search(r"V5ConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])E", name)
     ty = "f16" if "6__half" in name else "bf16"
-    return f"{ty} D={m.group(1)} BN={m.group(2)} stages={m.group(3)}" if m else name
+    return (f"{ty} D={m.group(1)} BN={m.group(2)} stages={m.group(3)} consumers={m.group(4)}"
+            + (" pingpong" if m.group(5) == "1" else "")) if m else name
 
 
 def parse_report(report: str, sass: str) -> dict:

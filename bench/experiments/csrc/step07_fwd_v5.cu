@@ -29,9 +29,14 @@
 // Kept from v4: the descriptors (make_desc, 128-byte swizzle, V MN-major with imm-trans-b = 1),
 // P from registers, fp32 accumulation, the base-2 online softmax with the scale folded into one
 // FFMA, masks only on boundary tiles, causal tiles launched longest first, O and the LSE (natural
-// log) stored from registers. Not done (FlashAttention-3 does): ping-pong between the two consumer
-// warpgroups (named barriers so one's softmax runs under the other's wgmma), the softmax of tile j
-// under the Q K^T of tile j+1 inside one warpgroup, a TMA store of O, persistent CTAs.
+// log) stored from registers.
+//  5. Options (launch_d's configs): 4 stages instead of 2; 128-key tiles; ping-pong between the two
+//     consumer warpgroups (named barriers 1 and 2: a consumer issues its batch -- P V_{j-1} and
+//     Q K_j^T -- only in its turn and hands the turn over right after issuing, so the tensor cores
+//     run one warpgroup's batch while the other does its softmax: FlashAttention-3's schedule); three
+//     consumer warpgroups (192-row tiles, 160 registers each).
+// Not done (FlashAttention-3 does): the softmax of tile j under the Q K^T of tile j+1 inside one
+// warpgroup, a TMA store of O, persistent CTAs, cluster multicast of K and V.
 //
 // sm_90a only (wgmma, setmaxnreg, TMA): elsewhere the kernel body compiles to nothing.
 #include <cuda.h>            // CUtensorMap and its enums (types only: the driver is reached at run time)
@@ -46,20 +51,25 @@ cudaError_t fwd_v5(const FwdParams& p, cudaStream_t stream);
 namespace v5 {
 namespace {
 
-template <int D_, int BN_, int STAGES_>
+template <int D_, int BN_, int STAGES_, int CONSUMERS_ = 2, bool PINGPONG_ = false>
 struct V5Config {
     static constexpr int D = D_;
     static constexpr int BN = BN_;
     static constexpr int STAGES = STAGES_;
-    static constexpr int CONSUMERS = 2;                      // consumer warpgroups, 64 rows each
+    static constexpr int CONSUMERS = CONSUMERS_;             // consumer warpgroups, 64 rows each
+    // Ping-pong: the two consumer warpgroups take turns issuing their wgmma batch (named barriers),
+    // so one's softmax runs while the other's batch holds the tensor cores (FlashAttention-3's schedule).
+    static constexpr bool PINGPONG = PINGPONG_;
+    static_assert(!PINGPONG || CONSUMERS == 2, "ping-pong pairs two consumer warpgroups");
     static constexpr int THREADS = (CONSUMERS + 1) * 128;    // + the producer warpgroup
     static constexpr int BM = CONSUMERS * 64;
     static constexpr int Q_BYTES = BM * D * 2;
     static constexpr int KV_BYTES = BN * D * 2;              // one stage of K (or of V)
     // Q + STAGES stages of K and of V, + 1024 bytes to align the base to a swizzle atom.
     static constexpr int SMEM = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;
+    // 128 x 24 + 256 x 240 = 64512 (2 consumers); 128 x 24 + 384 x 160 = 64512 (3).
     static constexpr int PRODUCER_REGS = 24;
-    static constexpr int CONSUMER_REGS = 240;
+    static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
     static_assert(128 * PRODUCER_REGS + CONSUMERS * 128 * CONSUMER_REGS <= 65536, "register file");
     static_assert(SMEM <= 227 * 1024, "shared memory");
 };
@@ -105,6 +115,11 @@ template <int R>
 __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
 template <int R>
 __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
+
+// ------------------------------------------------------------------ named barriers (ping-pong)
+// Barrier `id` completes when `n` threads have reached it: bar.sync waits there, bar.arrive does not.
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(n) : "memory"); }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <typename T, typename Cfg>
@@ -187,6 +202,10 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
     const uint32_t Qwg = Qs + cw * 64 * 128;
     uint32_t pa[BN / 16][4];
 
+    // Ping-pong: named barrier 1 + c is consumer c's turn to issue; consumer 1 lets consumer 0 go first.
+    // Each turn is taken (bar.sync, 128 threads) once an iteration and once for the last P V, and
+    // given (bar.arrive by the other's 128) as often: consumer 1 skips its last arrive to match.
+    if constexpr (Cfg::PINGPONG) if (cw == 1) named_arrive(1, 256);
     mbar_wait(full_q, 0);
     for (int j = 0; j < n_tiles; ++j) {
         const int n0 = j * BN;
@@ -198,6 +217,7 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
         // (v4's batch): two batches issued back to back, one wait for both. (Issuing P V at the
         // end of iteration j-1 instead, in flight across the loop's back edge, makes ptxas
         // serialize every wgmma: C7515, the back edge's copies of O define its registers.)
+        if constexpr (Cfg::PINGPONG) named_sync(1 + cw, 256);
         if (j > 0) {
             const int pst = (j - 1) % STAGES;
             mbar_wait(full_v(pst), ((j - 1) / STAGES) & 1);
@@ -220,6 +240,7 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
             wgmma_ss<T, BN>(s, da, db, kk > 0);
         }
         wgmma_commit();
+        if constexpr (Cfg::PINGPONG) named_arrive(2 - cw, 256);    // the other consumer's turn
         wgmma_wait<0>();
         fence_regs(s);
         fence_regs(o);
@@ -270,6 +291,7 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
     }
     // The last tile's O += P V.
     if (n_tiles > 0) {
+        if constexpr (Cfg::PINGPONG) named_sync(1 + cw, 256);
         const int pst = (n_tiles - 1) % STAGES;
         mbar_wait(full_v(pst), ((n_tiles - 1) / STAGES) & 1);
         const uint32_t Vp = Vs + pst * Cfg::KV_BYTES;
@@ -279,6 +301,7 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
         for (int kk = 0; kk < BN / 16; ++kk)
             wgmma_rs<T, D>(o, pa[kk], make_desc(Vp + kk * 16 * 128, BN * 128, 1024), 1);
         wgmma_commit();
+        if constexpr (Cfg::PINGPONG) if (cw == 0) named_arrive(2, 256);
     }
     wgmma_wait<0>();
     fence_regs(o);
@@ -348,18 +371,25 @@ cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
 
 template <typename T>
 cudaError_t launch_d(const FwdParams& p, cudaStream_t stream) {
-    // config 0: 128 x 64 tiles, 2 stages; 1: 128 x 64, 4 stages; 2: 128 x 128, 2 stages.
+    // config 0: 128 x 64 tiles, 2 stages; 1: 128 x 64, 4 stages; 2: 128 x 128, 2 stages;
+    // 3: as 0 with ping-pong; 4: as 2 with ping-pong; 5: 3 consumer warpgroups, 192 x 64 tiles, 2 stages.
     if (p.d == 64) {
         switch (p.config) {
             case 0: return launch<T, V5Config<64, 64, 2>>(p, stream);
             case 1: return launch<T, V5Config<64, 64, 4>>(p, stream);
             case 2: return launch<T, V5Config<64, 128, 2>>(p, stream);
+            case 3: return launch<T, V5Config<64, 64, 2, 2, true>>(p, stream);
+            case 4: return launch<T, V5Config<64, 128, 2, 2, true>>(p, stream);
+            case 5: return launch<T, V5Config<64, 64, 2, 3>>(p, stream);
         }
     } else if (p.d == 128) {
         switch (p.config) {
             case 0: return launch<T, V5Config<128, 64, 2>>(p, stream);
             case 1: return launch<T, V5Config<128, 64, 4>>(p, stream);
             case 2: return launch<T, V5Config<128, 128, 2>>(p, stream);
+            case 3: return launch<T, V5Config<128, 64, 2, 2, true>>(p, stream);
+            case 4: return launch<T, V5Config<128, 128, 2, 2, true>>(p, stream);
+            case 5: return launch<T, V5Config<128, 64, 2, 3>>(p, stream);
         }
     }
     return cudaErrorInvalidValue;
