@@ -10,7 +10,7 @@ registers from the producer to the consumers, and the P V of one tile issued bac
 Q K^T of the next -- close that gap (issue 17's 0.90x cuDNN)?
 
 Design (bench/experiments/csrc/step07_fwd_v5.cu; its header has the details). One CTA = 3
-warpgroups, 384 threads, 128 query rows:
+warpgroups, 384 threads, 128 query rows (config 5: 4 warpgroups, 192 rows):
   - warpgroup 0, the producer: setmaxnreg.dec to 24 registers; one thread loads Q once (TMA, one
     cp.async.bulk.tensor per 64-column block), then K_j and V_j into stage j % STAGES, each stage
     guarded by full_k/full_v mbarriers (arrive.expect_tx + TMA complete_tx) and empty_k/empty_v
@@ -38,17 +38,23 @@ warpgroups, 384 threads, 128 query rows:
   narrowed.
 
 Compile report (CPU, nvcc 13.0, sm_90a, the flags step07_cuda.py gives v4; `--compile-report`,
-2026-12-01): 24 kernel instances (2 dtypes x D 64/128 x 6 configs), each 0 bytes stack, 0 spills;
-ptxas reports 168 registers a thread (65536 / 384 at launch; 128 with three consumers, 512 threads)
-and the SASS holds USETMAXREG.DEALLOC 0x18 (producer: 24) and USETMAXREG.TRY_ALLOC 0xf0 (consumers:
-240; 0xa0 = 160 with three); the highest register the consumers touch is R103 (D=64, BN=64), R135
-(D=128, BN=64), R151 (D=64, BN=128), R183 (D=128, BN=128 -- above the 168 of launch: the setmaxnreg
-budget is used), the same with ping-pong or three consumers; the producer's code stays under R9. Instructions a kernel (static counts): UTMALDG.3D 3 (D=64) or 6 (D=128): Q, K, V, one per
-64-column block; HGMMA 12 / 16 at BN=64 (D/16 for S + BN/16 for P V in the loop, BN/16 for the last
-P V) and 20 / 24 at BN=128; ping-pong adds 2 BAR.SYNC (named) to the one after the mbarrier
-init; 2 WARPGROUP.DEPBAR (one wait an iteration, one after the loop), no C7515
-serialization, no HMMA, no LDL/STL; SYNCS (mbarrier init / arrive / try-wait) 25 (2 stages) or 33 (4 stages), one BAR.SYNC (after the
-mbarrier init), no LDGSTS (cp.async).
+2026-12-01), 24 kernel instances (2 dtypes x D 64/128 x 6 configs):
+  - spills: none; 0 bytes stack in every instance;
+  - registers per role: ptxas reports 168 a thread (65536 / 384 at launch; 128 for config 5, 512
+    threads); the SASS holds USETMAXREG.DEALLOC 0x18 (producer: 24) and USETMAXREG.TRY_ALLOC 0xf0
+    (consumers: 240; 0xa0 = 160 in config 5). The highest register the consumers' code touches:
+    R103 (D=64, BN=64), R135 (D=128, BN=64), R151 (D=64, BN=128), R183 (D=128, BN=128: above the
+    168 of launch, so the setmaxnreg budget is what ptxas allocates against), the same with
+    ping-pong or three consumers; the producer's code stays under R9 (of 24);
+  - instructions a kernel (static counts): UTMALDG.3D 3 (D=64) or 6 (D=128): Q, K, V, one per
+    64-column block; HGMMA 12 / 16 at BN=64, D=64 / 128 (D/16 for S + BN/16 for P V in the loop,
+    BN/16 for the last P V), 20 / 24 at BN=128; no HMMA, no LDGSTS (cp.async), no LDL/STL;
+    2 WARPGROUP.DEPBAR (one wait an iteration, one after the loop) and no C7515 serialization;
+    SYNCS (mbarrier init / arrive / try-wait) 25 (2 stages) or 33 (4 stages); BAR.SYNC 1 (after
+    the mbarrier init), 3 with ping-pong (its two named-barrier waits).
+tests/test_experiment_cuda_v5.py checks each of these; it was seen failing with the TMA load replaced
+by a plain shared store (0 UTMALDG) and on this file's first version (P V in flight across the back
+edge: C7515, 16 DEPBAR), then passing again.
 
 Answer: not yet run on a GPU.
 
@@ -63,8 +69,9 @@ What it does on a GPU (each part in its own try/except, the JSON rewritten after
      count 4*B*H*N*N*D (halved for causal), ratio to cuDNN from the same run;
   4. ``--sanitize``: a small case (N = 77 and 300, both D, causal and not, every config) in a child
      process under compute-sanitizer memcheck, then racecheck.
-A watchdog stops starting new timing rows after --budget-s (default 150 s): the whole run stays
-under 4 minutes on an H200, both builds included.
+A watchdog stops starting new timing rows after --budget-s (default 150 s), so the whole run should
+stay under 4 minutes on an H200, both builds included (an estimate from v4's run of the same shape:
+not measured).
 
 Usage (repo root):
     python bench/experiments/cuda_v5.py --out $OUT/v5 --sanitize     # the GPU run for next session (H200)
