@@ -1,0 +1,407 @@
+"""Experiment: software-pipelining step 06's dK/dV loop by hand -- does Triton 3.6 keep a product in flight across its exponentials?
+
+DOCSTRING_PLACEHOLDER
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+T0 = time.time()
+if "--small" in sys.argv or "--smoke" in sys.argv:
+    os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported
+ROOT = Path(__file__).resolve().parents[2]
+for p in (ROOT, ROOT / "bench" / "experiments"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from attnlib.loader import load_step  # noqa: E402
+# The compile report's facts (registers, spills, ptxas's C7514 serialization warning, TTGIR and SASS loops, and
+# the "EX2 under wgmma" count of ``sass_loops``) come from the forward experiment, unchanged.
+from bench.experiments.triton_fwd_pipelined import aot_compile  # noqa: E402
+from bench.experiments.triton_lb_variants import errors, first_line, record_launches  # noqa: E402
+
+S5 = load_step(5, "solutions")
+S6 = load_step(6, "solutions")
+load_tile, _dkdv_tile = S6.load_tile, S6._dkdv_tile
+LOG2E = 1.4426950408889634
+LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
+
+# What PIPE selects (a constexpr of the kernel).
+CONTROL, PIPE_S, DEFER = 0, 1, 2
+
+
+# %% The kernel ------------------------------------------------------------------------------------------
+
+@triton.jit
+def _rows_stats(LSE, DELTA, offs_m, N_Q, MASKED: tl.constexpr):
+    """Step 06's per-query-row loads: LSE in base 2 and D."""
+    if MASKED:
+        lse2 = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E_C
+        delta = tl.load(DELTA + offs_m, mask=offs_m < N_Q, other=0.0)
+    else:
+        lse2 = tl.load(LSE + offs_m) * LOG2E_C
+        delta = tl.load(DELTA + offs_m)
+    return lse2, delta
+
+
+@triton.jit
+def _probs(sT_raw, lse2, offs_m, offs_n, N_Q, qk_scale, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """Step 06's pT from a raw K Q^T tile: exp2(sT * qk_scale - lse2), 0 where masked."""
+    sT = sT_raw * qk_scale
+    pT = tl.math.exp2(sT - lse2[None, :])
+    if MASKED:
+        visible = offs_m[None, :] < N_Q
+        if IS_CAUSAL:
+            visible = visible & (offs_n[:, None] <= offs_m[None, :])
+        pT = tl.where(visible, pT, 0.0)
+    return pT
+
+
+@triton.jit
+def _end_wait(zs, k, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A product of exact zeros (BLOCK_N x 16 @ 16 x 16; A = zs * 0 with zs loop-carried, so it is not hoisted)
+    whose result the loop reads (zs += rowsum, + 0): Triton waits for it at once (pendings = 0), and that wait
+    retires every product still in flight -- the carried sT_{j+1} among them -- before the loop's back edge."""
+    z_a = (zs[:, None] * 0.0 + tl.zeros([BLOCK_N, 16], tl.float32)).to(k.dtype)
+    z = tl.dot(z_a, tl.zeros([16, 16], k.dtype), input_precision=DOT_PRECISION)
+    return zs + tl.sum(z, 1)
+
+
+@triton.jit
+def _stage_pipe(dk, dv, sT_raw, zs, k, v, Q, DO, LSE, DELTA,
+                stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, offs_d, lo, hi, N_Q, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                END_WAIT: tl.constexpr):
+    """(b) One stage with sT pipelined: ``sT_raw`` holds K Q^T of query tile ``lo`` (unscaled) on entry.
+    Each step: dpT_j = V dO_j^T (used in this step: Triton waits for it at once -- the body's first
+    ``pendings = 0`` wait, which the carried sT_j needs before its exponentials), then sT_{j+1} = K Q_{j+1}^T
+    (only yielded: may stay in flight), then the exponentials of sT_j, dV += pT dO, dS, dK += dS Q.
+    Returns the state and the raw sT of the tile after the stage's last one (the next stage's first, or past
+    N_Q: rows read as zeros, never used)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, MASKED, PAD_D)
+        do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, MASKED, PAD_D)
+        lse2, delta = _rows_stats(LSE, DELTA, offs_m, N_Q, MASKED)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        q_next = load_tile(Q, offs_m + BLOCK_M, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+        sT_next = tl.dot(k, tl.trans(q_next), input_precision=DOT_PRECISION)     # only yielded
+        pT = _probs(sT_raw, lse2, offs_m, offs_n, N_Q, qk_scale, MASKED, IS_CAUSAL)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        if END_WAIT:
+            zs = _end_wait(zs, k, BLOCK_N, DOT_PRECISION)
+        sT_raw = sT_next
+    return dk, dv, sT_raw, zs
+
+
+@triton.jit
+def _stage_defer(dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+                 stride_qm, stride_qd, stride_dom, stride_dod,
+                 offs_n, offs_d, lo, hi, N_Q, qk_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
+                 MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 END_WAIT: tl.constexpr, P_F32: tl.constexpr):
+    """(c) One stage in FlashAttention-3's deferred order: each step j issues dpT_j = V dO_j^T (waited at once:
+    the body's first wait), then the *previous* tile's dV += pT_{j-1} dO_{j-1} and dK += dsT_{j-1} Q_{j-1}
+    (pT, dsT carried, Q_{j-1} and dO_{j-1} loaded again; both only accumulate, so they may stay in flight),
+    then sT_{j+1} = K Q_{j+1}^T (only yielded), then the exponentials of sT_j and dsT_j. Three products can
+    run under the exponentials. ``prev_m``: the last tile's first query row, for the epilogue (pT, dsT are
+    zeros before the first tile). ``P_F32``: pT and dsT carried in fp32 and rounded at the product (a bf16 / fp16 block
+    argument is given to wgmma through shared memory; fp32 keeps the A operand in registers)."""
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        do = load_tile(DO, offs_m, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, MASKED, PAD_D)
+        lse2, delta = _rows_stats(LSE, DELTA, offs_m, N_Q, MASKED)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        # The previous tile: the stages' tiles are consecutive, so start_m - BLOCK_M (clamped at the very first
+        # step, where pT_prev and dsT_prev are zeros); rows past N_Q read zeros.
+        offs_p = tl.maximum(start_m - BLOCK_M, 0) + tl.arange(0, BLOCK_M)
+        q_p = load_tile(Q, offs_p, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+        do_p = load_tile(DO, offs_p, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
+        dv = tl.dot(pT_prev.to(do_p.dtype), do_p, dv, input_precision=DOT_PRECISION)
+        dk = tl.dot(dsT_prev.to(q_p.dtype), q_p, dk, input_precision=DOT_PRECISION)
+        q_next = load_tile(Q, offs_m + BLOCK_M, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+        sT_next = tl.dot(k, tl.trans(q_next), input_precision=DOT_PRECISION)     # only yielded
+        pT = _probs(sT_raw, lse2, offs_m, offs_n, N_Q, qk_scale, MASKED, IS_CAUSAL)
+        dsT = pT * (dpT - delta[None, :])
+        if END_WAIT:
+            zs = _end_wait(zs, k, BLOCK_N, DOT_PRECISION)
+        if P_F32:
+            pT_prev = pT
+            dsT_prev = dsT
+        else:
+            pT_prev = pT.to(do.dtype)
+            dsT_prev = dsT.to(do.dtype)
+        prev_m = start_m
+        sT_raw = sT_next
+    return dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m
+
+
+@triton.jit
+def _dkdv_pipe_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ,                  # step 06's _bwd_dkdv_kernel's parameters, in order
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EARLY_DP: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    PIPE: tl.constexpr = 0,                                # 0 step 06's loop, 1 sT pipelined, 2 + dV / dK deferred
+    END_WAIT: tl.constexpr = False,                        # PIPE 1, 2: a dummy product that waits at the step's end
+    P_F32: tl.constexpr = True,                            # PIPE 2: pT, dsT carried in fp32
+):
+    """Step 06's ``_bwd_dkdv_kernel`` (same arguments, same pointer set-up, same stage split: masked diagonal,
+    unmasked body, masked tail) with the loop chosen by PIPE; PIPE=0 calls step 06's own ``_dkdv_tile``."""
+    tl.static_assert(not ATOMIC_DQ)
+    scale = tl.cast(scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    if HEADS_FIRST:
+        pid_n = tl.program_id(1)
+        bh = tl.program_id(0)
+    else:
+        pid_n = tl.program_id(0)
+        bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
+    DK += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DV += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
+    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    LSE += bh.to(tl.int64) * N_Q
+    DELTA += bh.to(tl.int64) * N_Q
+    start_n = pid_n * BLOCK_N
+    if PIPE == 0:
+        _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+                   stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
+                   stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
+                   start_n, N_Q, N_K, scale, qk_scale,
+                   HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
+    else:
+        # Step 06's _dkdv_tile with one sT pipeline through its three stages.
+        PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        k = load_tile(K, offs_n, offs_d, stride_kn, stride_kd, N_K, HEAD_DIM, True, PAD_D)
+        v = load_tile(V, offs_n, offs_d, stride_vn, stride_vd, N_K, HEAD_DIM, True, PAD_D)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        q_full = (N_Q // BLOCK_M) * BLOCK_M
+        if IS_CAUSAL:
+            lo = (start_n // BLOCK_M) * BLOCK_M
+            diag_end = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, N_Q)
+        else:
+            lo = 0
+            diag_end = 0
+        tail = tl.maximum(diag_end, q_full)
+        # The stages' query tiles are consecutive (lo, lo + BLOCK_M, ...): the first stage's first tile is lo.
+        offs_lo = lo + tl.arange(0, BLOCK_M)
+        q_lo = load_tile(Q, offs_lo, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+        sT_raw = tl.dot(k, tl.trans(q_lo), input_precision=DOT_PRECISION)
+        zs = tl.zeros([BLOCK_N], tl.float32)
+        if PIPE == 1:
+            dk, dv, sT_raw, zs = _stage_pipe(
+                dk, dv, sT_raw, zs, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, offs_d, lo, diag_end, N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, END_WAIT)
+            dk, dv, sT_raw, zs = _stage_pipe(
+                dk, dv, sT_raw, zs, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, offs_d, diag_end, q_full, N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION, END_WAIT)
+            dk, dv, sT_raw, zs = _stage_pipe(
+                dk, dv, sT_raw, zs, k, v, Q, DO, LSE, DELTA, stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, offs_d, tail, N_Q, N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, END_WAIT)
+        else:
+            if P_F32:
+                pT_prev = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+                dsT_prev = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            else:
+                pT_prev = tl.zeros([BLOCK_N, BLOCK_M], DO.dtype.element_ty)
+                dsT_prev = tl.zeros([BLOCK_N, BLOCK_M], DO.dtype.element_ty)
+            prev_m = lo
+            dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m = _stage_defer(
+                dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+                stride_qm, stride_qd, stride_dom, stride_dod, offs_n, offs_d, lo, diag_end, N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, END_WAIT, P_F32)
+            dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m = _stage_defer(
+                dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+                stride_qm, stride_qd, stride_dom, stride_dod, offs_n, offs_d, diag_end, q_full, N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION, END_WAIT, P_F32)
+            dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m = _stage_defer(
+                dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+                stride_qm, stride_qd, stride_dom, stride_dod, offs_n, offs_d, tail, N_Q, N_Q, qk_scale,
+                HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, END_WAIT, P_F32)
+            # Epilogue: the last tile's dV and dK (zeros if no tile ran).
+            offs_p = prev_m + tl.arange(0, BLOCK_M)
+            q_p = load_tile(Q, offs_p, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
+            do_p = load_tile(DO, offs_p, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
+            dv = tl.dot(pT_prev.to(do_p.dtype), do_p, dv, input_precision=DOT_PRECISION)
+            dk = tl.dot(dsT_prev.to(q_p.dtype), q_p, dk, input_precision=DOT_PRECISION)
+        if END_WAIT:
+            dk = dk + zs[:, None]                          # exact zeros: keeps the dummy products alive
+        dk_ptrs = DK + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+        dv_ptrs = DV + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+        in_range = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+        tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=in_range)
+        tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=in_range)
+
+
+# %% Variants, rows, launching --------------------------------------------------------------------------------
+
+VARIANTS = {
+    "control": dict(PIPE=CONTROL),                                    # (a) step 06's _dkdv_tile, as launched
+    "pipe": dict(PIPE=PIPE_S),                                        # (b) sT_{j+1} after dpT_j, before the exp2
+    "pipe-end": dict(PIPE=PIPE_S, END_WAIT=True),                     # (b) + a wait at the step's end
+    "defer": dict(PIPE=DEFER, P_F32=True),                            # (c) dV, dK of tile j-1 deferred (FA3 order)
+    "defer-end": dict(PIPE=DEFER, P_F32=True, END_WAIT=True),         # (d) (c) + a wait at the step's end
+}
+T32x64 = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4, maxnreg=128)    # step 06's table (causal D=64)
+T32x128 = dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128)
+# Rows compiled (--aot-check) and timed (--out): name -> (variant, tiles). EARLY_DP and HEADS_FIRST: step 06's
+# table at the leaderboard shape (False, True when causal) on every row.
+ROWS = {}
+for _t, _tiles in (("32x64 w4 r128", T32x64), ("32x128 w8 r128", T32x128)):
+    for _v in VARIANTS:
+        ROWS[f"{_v} {_t}"] = (_v, _tiles)
+ROWS["pipe-end 32x64 w4"] = ("pipe-end", {k: v for k, v in T32x64.items() if k != "maxnreg"})
+ROWS["defer-end 32x64 w4"] = ("defer-end", {k: v for k, v in T32x64.items() if k != "maxnreg"})
+ROWS["defer-end 32x64 w4 s2 r128"] = ("defer-end", dict(T32x64, num_stages=2))
+ROWS["defer-end 32x128 w8"] = ("defer-end", {k: v for k, v in T32x128.items() if k != "maxnreg"})
+
+LAUNCH_OPTS = ("num_warps", "num_stages", "maxnreg")
+
+
+class Launch:
+    """A launch of ``_dkdv_pipe_kernel`` made from a recorded launch of step 06's ``_bwd_dkdv_kernel`` (its grid,
+    arguments and options as step 06's ``backward()`` gave them), with fresh dK / dV, the row's tiles and the
+    variant's flags. Calling it runs it and returns (dK, dV)."""
+
+    def __init__(self, s06_launch, variant, tiles):
+        _, _, _, args, kwargs = s06_launch
+        args = list(args)
+        self.dk, self.dv = torch.empty_like(args[6]), torch.empty_like(args[7])
+        args[6], args[7] = self.dk, self.dv
+        kw = dict(kwargs)
+        for o in LAUNCH_OPTS:
+            kw.pop(o, None)
+        kw.update(tiles)
+        kw.update(VARIANTS[variant])
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            kw.pop("maxnreg", None)
+        B, H = self.dk.shape[0], self.dk.shape[1]
+        n_k = args[35]
+        tiles_n = triton.cdiv(n_k, kw["BLOCK_N"])
+        self.grid = (B * H, tiles_n) if kw.get("HEADS_FIRST") else (tiles_n, B * H)
+        self.kernel, self.args, self.kwargs = _dkdv_pipe_kernel, tuple(args), kw
+
+    def __call__(self):
+        self.kernel[self.grid](*self.args, **self.kwargs)
+        return self.dk, self.dv
+
+
+def step06_record(q, k, v, o, lse, do, causal, config=None, run=True):
+    """Step 06's ``backward()`` (dq_mode "separate") recorded: ``(dkdv launch, (dQ, dK, dV))``. ``config``: its
+    table is used when None; ``run=False`` records without launching (the compile report)."""
+    scale = q.shape[-1] ** -0.5
+    log, out = record_launches(S6, lambda: S6.backward(q, k, v, o, lse, do, causal, scale, config=config,
+                                                       dq_mode="separate"), run=run)
+    (dkdv,) = [x for x in log if x[0] == "_bwd_dkdv_kernel"]
+    return dkdv, out
+
+
+def small_config(tiles):
+    """A step 06 config for the interpreter with the dK/dV tiles given (dQ / preprocess: small tiles)."""
+    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    return dict(dkdv=dict(tiles, EARLY_DP=False, HEADS_FIRST=True), dq=small, pre=dict(BLOCK_M=16),
+                dq_mode="separate")
+
+
+# %% Checks ----------------------------------------------------------------------------------------------
+
+# --small / the test: Triton's interpreter on a CPU, fp16 and fp32 (bf16 dots are wrong there). (B, H, Nq, Nk, D):
+# partial tiles everywhere, Nq != Nk both ways, a padded head dim (24 -> 32), fewer queries than one query tile.
+SMALL_SHAPES = [(1, 2, 100, 70, 16), (1, 1, 45, 100, 24), (1, 1, 20, 40, 16)]
+# Interpreter tiles: BLOCK_N / BLOCK_M = 2 (the table's ratio) and 4 (several diagonal steps).
+SMALL_TILES = [dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
+               dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1)]
+MARGIN = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float32: 1e-5}
+
+
+def check_case(variant, tiles, shape, dtype, causal, device, config=None, inputs=None):
+    """One variant against the float64 reference and against step 06's own kernels at the same dK/dV tiles:
+    ``dict(ok, dk_err, dv_err, dk_err_s06, dv_err_s06, vs_s06)``; errors max|x - ref| / max|ref|. ok: finite,
+    inside the course's tolerance for the dtype (attnlib.compare) and at most 2 x step 06's error + MARGIN."""
+    from attnlib import make_dout, make_qkv, reference_attention, reference_backward
+    B, H, nq, nk, d = shape
+    if inputs is None:
+        q, k, v = make_qkv(B, H, nq, nk, d, dtype=dtype, device=device, seed=nq * 1000 + nk + d)
+        do = make_dout(q, seed=1)
+        o64, lse64 = reference_attention(q, k, v, is_causal=causal)
+        ref = dict(zip(("dQ", "dK", "dV"), reference_backward(q, k, v, do, causal)))
+        inputs = (q, k, v, do, o64.to(dtype), lse64.float().contiguous(), ref)
+    q, k, v, do, o, lse, ref = inputs
+    cfg = config or small_config(tiles)
+    launch, (_, dk6, dv6) = step06_record(q, k, v, o, lse, do, causal, cfg)
+    dk, dv = Launch(launch, variant, tiles)()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    e = errors({"dK": dk, "dV": dv}, ref, dtype)
+    e6 = errors({"dK": dk6, "dV": dv6}, ref, dtype)
+    vs = max(float((dk.double() - dk6.double()).abs().max()), float((dv.double() - dv6.double()).abs().max()))
+    ok = all(e[n]["bad"] == 0 and e[n]["err"] <= 2 * e6[n]["err"] + MARGIN[dtype] for n in ("dK", "dV"))
+    return dict(ok=bool(ok), dk_err=e["dK"]["err"], dv_err=e["dV"]["err"], dk_err_s06=e6["dK"]["err"],
+                dv_err_s06=e6["dV"]["err"], vs_s06=vs, bad=e["dK"]["bad"] + e["dV"]["bad"])
+
+
+def small_check(variants=None, shapes=SMALL_SHAPES, tiles_list=SMALL_TILES, dtypes=(torch.float16, torch.float32),
+                verbose=True):
+    """Every variant against the float64 reference at small sizes (the interpreter on a CPU, compiled on a GPU):
+    a list of failure lines (empty: all pass). ``dtypes`` may map a dtype to the tiles to run it on."""
+    from attnlib import make_dout, make_qkv, reference_attention, reference_backward
+    device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+    failures, refs = [], {}
+    for name in variants or VARIANTS:
+        for dtype in dtypes:
+            for tiles in (dtypes[dtype] if isinstance(dtypes, dict) else tiles_list):
+                for shape in shapes:
+                    for causal in (False, True):
+                        key = (shape, str(dtype), causal)
+                        if key not in refs:
+                            B, H, nq, nk, d = shape
+                            q, k, v = make_qkv(B, H, nq, nk, d, dtype=dtype, device=device, seed=nq * 1000 + nk + d)
+                            do = make_dout(q, seed=1)
+                            o64, lse64 = reference_attention(q, k, v, is_causal=causal)
+                            ref = dict(zip(("dQ", "dK", "dV"), reference_backward(q, k, v, do, causal)))
+                            refs[key] = (q, k, v, do, o64.to(dtype), lse64.float().contiguous(), ref)
+                        r = check_case(name, tiles, shape, dtype, causal, device, inputs=refs[key])
+                        line = (f"{'ok  ' if r['ok'] else 'FAIL'} {name:10} {tiles['BLOCK_M']:>3}x{tiles['BLOCK_N']:<3} "
+                                f"{str(shape):22} {str(dtype)[6:]:8} causal={causal!s:5}  dK err {r['dk_err']:.1e} "
+                                f"(step 06 {r['dk_err_s06']:.1e})  dV err {r['dv_err']:.1e} (step 06 "
+                                f"{r['dv_err_s06']:.1e})  vs step 06 {r['vs_s06']:.1e}")
+                        if not r["ok"]:
+                            failures.append(line + f"  [{r['bad']} elements out of tolerance]")
+                        if verbose:
+                            print(line, flush=True)
+    return failures
