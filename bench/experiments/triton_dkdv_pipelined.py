@@ -67,11 +67,13 @@ def _probs(sT_raw, lse2, offs_m, offs_n, N_Q, qk_scale, MASKED: tl.constexpr, IS
 
 
 @triton.jit
-def _end_wait(zs, k, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """A product of exact zeros (BLOCK_N x 16 @ 16 x 16; A = zs * 0 with zs loop-carried, so it is not hoisted)
-    whose result the loop reads (zs += rowsum, + 0): Triton waits for it at once (pendings = 0), and that wait
-    retires every product still in flight -- the carried sT_{j+1} among them -- before the loop's back edge."""
-    z_a = (zs[:, None] * 0.0 + tl.zeros([BLOCK_N, 16], tl.float32)).to(k.dtype)
+def _end_wait(zs, dsT, k, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A product of exact zeros (BLOCK_N x 16 @ 16 x 16) whose result the loop reads (zs += rowsum, + 0): Triton
+    waits for it at once (pendings = 0), and that wait retires every product still in flight -- the carried
+    sT_{j+1} among them -- before the loop's back edge. Its A operand is rowsum(dsT) * 0: it depends on this
+    step's exponentials, so ptxas cannot move them below the wait (with A = zs * 0 alone, it put all 16 MUFU.EX2
+    of a step after the wait: none under a wgmma). dsT is finite (masked entries are 0), so A is exact zeros."""
+    z_a = (tl.sum(dsT, 1)[:, None] * 0.0 + zs[:, None] * 0.0 + tl.zeros([BLOCK_N, 16], tl.float32)).to(k.dtype)
     z = tl.dot(z_a, tl.zeros([16, 16], k.dtype), input_precision=DOT_PRECISION)
     return zs + tl.sum(z, 1)
 
@@ -103,13 +105,13 @@ def _stage_pipe(dk, dv, sT_raw, zs, k, v, Q, DO, LSE, DELTA,
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         if END_WAIT:
-            zs = _end_wait(zs, k, BLOCK_N, DOT_PRECISION)
+            zs = _end_wait(zs, dsT, k, BLOCK_N, DOT_PRECISION)
         sT_raw = sT_next
     return dk, dv, sT_raw, zs
 
 
 @triton.jit
-def _stage_defer(dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+def _stage_defer(dk, dv, sT_raw, zs, pT_prev, dsT_prev, k, v, Q, DO, LSE, DELTA,
                  stride_qm, stride_qd, stride_dom, stride_dod,
                  offs_n, offs_d, lo, hi, N_Q, qk_scale,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr,
@@ -119,8 +121,7 @@ def _stage_defer(dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE
     the body's first wait), then the *previous* tile's dV += pT_{j-1} dO_{j-1} and dK += dsT_{j-1} Q_{j-1}
     (pT, dsT carried, Q_{j-1} and dO_{j-1} loaded again; both only accumulate, so they may stay in flight),
     then sT_{j+1} = K Q_{j+1}^T (only yielded), then the exponentials of sT_j and dsT_j. Three products can
-    run under the exponentials. ``prev_m``: the last tile's first query row, for the epilogue (pT, dsT are
-    zeros before the first tile). ``P_F32``: pT and dsT carried in fp32 and rounded at the product (a bf16 / fp16 block
+    run under the exponentials (pT, dsT are zeros before the first tile). ``P_F32``: pT and dsT carried in fp32 and rounded at the product (a bf16 / fp16 block
     argument is given to wgmma through shared memory; fp32 keeps the A operand in registers)."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -140,16 +141,15 @@ def _stage_defer(dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE
         pT = _probs(sT_raw, lse2, offs_m, offs_n, N_Q, qk_scale, MASKED, IS_CAUSAL)
         dsT = pT * (dpT - delta[None, :])
         if END_WAIT:
-            zs = _end_wait(zs, k, BLOCK_N, DOT_PRECISION)
+            zs = _end_wait(zs, dsT, k, BLOCK_N, DOT_PRECISION)
         if P_F32:
             pT_prev = pT
             dsT_prev = dsT
         else:
             pT_prev = pT.to(do.dtype)
             dsT_prev = dsT.to(do.dtype)
-        prev_m = start_m
         sT_raw = sT_next
-    return dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m
+    return dk, dv, sT_raw, zs, pT_prev, dsT_prev
 
 
 @triton.jit
@@ -240,21 +240,22 @@ def _dkdv_pipe_kernel(
             else:
                 pT_prev = tl.zeros([BLOCK_N, BLOCK_M], DO.dtype.element_ty)
                 dsT_prev = tl.zeros([BLOCK_N, BLOCK_M], DO.dtype.element_ty)
-            prev_m = lo
-            dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m = _stage_defer(
-                dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+            dk, dv, sT_raw, zs, pT_prev, dsT_prev = _stage_defer(
+                dk, dv, sT_raw, zs, pT_prev, dsT_prev, k, v, Q, DO, LSE, DELTA,
                 stride_qm, stride_qd, stride_dom, stride_dod, offs_n, offs_d, lo, diag_end, N_Q, qk_scale,
                 HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, END_WAIT, P_F32)
-            dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m = _stage_defer(
-                dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+            dk, dv, sT_raw, zs, pT_prev, dsT_prev = _stage_defer(
+                dk, dv, sT_raw, zs, pT_prev, dsT_prev, k, v, Q, DO, LSE, DELTA,
                 stride_qm, stride_qd, stride_dom, stride_dod, offs_n, offs_d, diag_end, q_full, N_Q, qk_scale,
                 HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, False, IS_CAUSAL, DOT_PRECISION, END_WAIT, P_F32)
-            dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m = _stage_defer(
-                dk, dv, sT_raw, zs, pT_prev, dsT_prev, prev_m, k, v, Q, DO, LSE, DELTA,
+            dk, dv, sT_raw, zs, pT_prev, dsT_prev = _stage_defer(
+                dk, dv, sT_raw, zs, pT_prev, dsT_prev, k, v, Q, DO, LSE, DELTA,
                 stride_qm, stride_qd, stride_dom, stride_dod, offs_n, offs_d, tail, N_Q, N_Q, qk_scale,
                 HEAD_DIM, BLOCK_M, BLOCK_N, PAD_D, True, IS_CAUSAL, DOT_PRECISION, END_WAIT, P_F32)
-            # Epilogue: the last tile's dV and dK (zeros if no tile ran).
-            offs_p = prev_m + tl.arange(0, BLOCK_M)
+            # Epilogue: the last tile's dV and dK: the tiles run from lo to N_Q, so the last one holds row N_Q - 1
+            # (if no tile ran, pT_prev and dsT_prev are zeros). (A loop-carried start of the previous tile
+            # instead made Triton's pipeliner give up on the loops: no multi-buffered loads, every wgmma waited.)
+            offs_p = tl.maximum((N_Q - 1) // BLOCK_M * BLOCK_M, 0) + tl.arange(0, BLOCK_M)
             q_p = load_tile(Q, offs_p, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, True, PAD_D)
             do_p = load_tile(DO, offs_p, offs_d, stride_dom, stride_dod, N_Q, HEAD_DIM, True, PAD_D)
             dv = tl.dot(pT_prev.to(do_p.dtype), do_p, dv, input_precision=DOT_PRECISION)
@@ -285,10 +286,14 @@ ROWS = {}
 for _t, _tiles in (("32x64 w4 r128", T32x64), ("32x128 w8 r128", T32x128)):
     for _v in VARIANTS:
         ROWS[f"{_v} {_t}"] = (_v, _tiles)
-ROWS["pipe-end 32x64 w4"] = ("pipe-end", {k: v for k, v in T32x64.items() if k != "maxnreg"})
-ROWS["defer-end 32x64 w4"] = ("defer-end", {k: v for k, v in T32x64.items() if k != "maxnreg"})
-ROWS["defer-end 32x64 w4 s2 r128"] = ("defer-end", dict(T32x64, num_stages=2))
-ROWS["defer-end 32x128 w8"] = ("defer-end", {k: v for k, v in T32x128.items() if k != "maxnreg"})
+# Without the register cap (what each form needs), and between: 168 lets three 4-warp programs share an SM.
+_U64, _U128 = ({k: v for k, v in t.items() if k != "maxnreg"} for t in (T32x64, T32x128))
+for _v in ("pipe", "pipe-end", "defer", "defer-end"):
+    ROWS[f"{_v} 32x64 w4"] = (_v, _U64)
+ROWS["pipe-end 32x64 w4 r168"] = ("pipe-end", dict(T32x64, maxnreg=168))
+ROWS["defer-end 32x64 w4 r168"] = ("defer-end", dict(T32x64, maxnreg=168))
+ROWS["pipe-end 32x128 w8"] = ("pipe-end", _U128)
+ROWS["defer-end 32x128 w8"] = ("defer-end", _U128)
 
 LAUNCH_OPTS = ("num_warps", "num_stages", "maxnreg")
 
@@ -405,3 +410,313 @@ def small_check(variants=None, shapes=SMALL_SHAPES, tiles_list=SMALL_TILES, dtyp
                         if verbose:
                             print(line, flush=True)
     return failures
+
+
+# %% --aot-check -------------------------------------------------------------------------------------------
+
+LB = dict(B=1, H=16, N=16384, D=64)           # the CS336 leaderboard shape
+
+
+def lb_config(causal, n=LB["N"], d=LB["D"], bh=LB["B"] * LB["H"]):
+    """Step 06's table for an H200 at the leaderboard shape (the device type pinned to cuda: the compile report and
+    the GPU check record step 06's launch with these tiles)."""
+    return dict(S6.bwd_config(n, n, d, torch.bfloat16, causal, "cuda", bh), dq_mode="separate")
+
+
+AOT_HEADER = (f"{'row':<27}{'regs':>5}{'spill':>10}{'smem':>6}{'CTA':>4}{'warps':>6}{'serial':>10}{'HGMMA':>6}"
+              f"{'EX2 under wgmma':>17}  TTGIR loop (unmasked stage) | SASS loop (unmasked stage)")
+
+
+def aot_line(name, i):
+    """One compile report line. EX2 under wgmma: per SASS loop (diagonal / body / tail), the MUFU.EX2 issued while a
+    wgmma is outstanding : all MUFU.EX2 of the loop (triton_fwd_pipelined.sass_loops)."""
+    sl = i.get("sass_loops") or []
+    under = "/".join(f"{x['ex2_in_flight']}:{x['ex2']}" for x in sl) or "?"
+    tt = i.get("ttgir_loops") or ["?"]
+    body_tt = tt[1] if len(tt) == 3 else tt[0]
+    body_sl = (sl[1] if len(sl) == 3 else sl[0])["schedule"] if sl else "?"
+    sp = f"{i.get('spill_stores', '?')}/{i.get('spill_loads', '?')}"
+    return (f"{name[:26]:<27}{i.get('regs', '?'):>5}{sp:>10}{i['shared_bytes'] // 1024:>5}K{i.get('ctas_per_sm', '?'):>4}"
+            f"{i.get('warps_per_sm', '?'):>6}{serial_codes(i):>10}{i.get('sass_HGMMA', '?'):>6}"
+            f"{under:>17}  {body_tt} | {body_sl}")
+
+
+def serial_codes(i):
+    """ptxas's reasons for serializing every wgmma of the kernel: C7512 (insufficient register resources), C7514
+    (non-wgmma instructions reading a wgmma's accumulator before its wait), C7515 (... defining one); "no" if none."""
+    codes = sorted({c for w in i.get("ptxas_warnings", []) for c in ("C7512", "C7514", "C7515") if c in w})
+    return "+".join(c[1:] for c in codes) if codes else ("YES" if i.get("serialized") else "no")
+
+
+def aot_main(args, rows):
+    """Compile step 06's own dK/dV kernel (its table, as ``backward()`` launches it) and every row for sm_90a at the
+    leaderboard shape, causal and not; print registers, spills, shared memory, programs per SM, ptxas's
+    serialization warning, EX2 under wgmma and the body loop's schedule (TTGIR and SASS)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("--aot-check compiles for sm_90: unset TRITON_INTERPRET")
+        return 1
+    B, H, N, D = (LB[x] for x in "BHND")
+    print(f"Compiled for sm_90a (no GPU; Triton {triton.__version__}'s bundled ptxas) at B={B} H={H} N={N} D={D} bf16.\n"
+          "regs: per thread (ptxas -v); spill: bytes stored/loaded; CTA / warps: programs / warps per SM that registers\n"
+          "and shared memory allow; serial: ptxas serialized every wgmma of the kernel (it then waits for each before the\n"
+          "next), and why: 7512 'insufficient register resources', 7514 'non wgmma instructions reading accumulator\n"
+          "registers of a wgmma between start and end of the pipeline stage', 7515 the same with 'defining'; EX2 under wgmma: per SASS loop (diagonal / body / tail stage), the MUFU.EX2\n"
+          "issued while a wgmma is outstanding : all MUFU.EX2 of the loop (program order from the loop's top).\n"
+          "TTGIR: D(s) wgmma with A from shared memory, D(r) A from registers, Wn wait leaving n in flight, EX2 exp2s.\n"
+          "SASS: Hs/Hr HGMMA runs (xN), Wn WARPGROUP.DEPBAR.LE gsb0 n, EXn n MUFU.EX2, mov a copy of an in-flight\n"
+          "accumulator (the loop as ptxas lays it out: it may start mid-iteration).\n")
+    report, failures = {}, 0
+    causals = (True, False) if not args.causal_only else (True,)
+    for causal in causals:
+        q = torch.empty(B, H, N, D, dtype=torch.bfloat16)
+        lse = torch.empty(B, H, N, dtype=torch.float32)
+        s06, _ = step06_record(q, q, q, q, lse, q, causal, lb_config(causal), run=False)
+        c = lb_config(causal)["dkdv"]
+        print(f"{'causal' if causal else 'not causal'} (EARLY_DP={c.get('EARLY_DP', True)}, "
+              f"HEADS_FIRST={c.get('HEADS_FIRST', False)} on every row, as step 06's table):")
+        print(AOT_HEADER)
+        items = [(f"step06 itself {c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']}", (s06[1], s06[2], s06[3], s06[4]))]
+        for name, (variant, tiles) in rows.items():
+            ln = Launch(s06, variant, tiles)
+            items.append((name, (ln.kernel, ln.grid, ln.args, ln.kwargs)))
+        for name, (kern, grid, a, kw) in items:
+            tag = f"{'causal' if causal else 'full'} {name}"
+            try:
+                i = aot_compile(kern, grid, a, kw)
+                report[tag] = i
+                print(aot_line(name, i), flush=True)
+            except Exception as e:  # noqa: BLE001 - one row that fails to compile is a line, not the end
+                failures += 1
+                report[tag] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"{name[:26]:<27}FAIL {report[tag][:150]}", flush=True)
+        print()
+    warned = sorted({w for i in report.values() if isinstance(i, dict) for w in i["ptxas_warnings"]})
+    for w in warned:
+        print(f"ptxas: {w}")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "dkdv_pipelined_aot.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(f"wrote {args.out / 'dkdv_pipelined_aot.json'}")
+    print(f"{len(report) - failures} compiled, {failures} failed; {time.time() - T0:.0f} s")
+    return 1 if failures else 0
+
+
+# %% --out DIR: the GPU run ----------------------------------------------------------------------------------
+
+CHECK_SHAPE = (2, 16, 1008, 1008, 64)   # B, H, Nq, Nk, D: partial last tiles (1008 = 31*32 + 16 = 15*64 + 48 = 7*128 + 112),
+                                        # every length and stride a multiple of 16, H = 16: the leaderboard shape's
+                                        # Triton specialization, so the check compiles what the timing runs
+
+
+def row_config(causal, tiles, n=LB["N"]):
+    """Step 06's table at the leaderboard shape with the dK/dV tiles replaced by a row's (EARLY_DP, HEADS_FIRST
+    kept): the check runs step 06 itself at the row's tiles next to the row."""
+    cfg = lb_config(causal)
+    cfg["dkdv"] = dict({x: y for x, y in cfg["dkdv"].items() if x not in LAUNCH_OPTS}, **tiles)
+    return cfg
+
+
+def check_job(job):
+    """One row's check (a pool worker on the GPU; in-process with --smoke): the row and step 06 at the same
+    tiles against the float64 reference. Compiling it fills Triton's on-disk cache for the timing process.
+    ``job``: (row name, causal, device, dtype name, (B, H, Nq, Nk, D))."""
+    name, causal, device, dtype, shape = job
+    variant, tiles = ROWS[name]
+    t = time.time()
+    try:
+        r = check_case(variant, tiles, shape, getattr(torch, dtype), causal, device,
+                       config=row_config(causal, tiles) if device == "cuda" else small_config(tiles))
+    except Exception as e:  # noqa: BLE001 - a row that fails to compile or run is reported, not timed
+        r = dict(ok=False, error=f"{type(e).__name__}: {first_line(e, 300)}")
+    r["seconds"] = round(time.time() - t, 1)
+    return job, r
+
+
+class Log:
+    """Print and keep every line; DIR/dkdv_pipelined.json and .log are rewritten after every line."""
+
+    def __init__(self, out):
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.lines, self.data = [], dict(meta={}, checks={}, rows=[])
+
+    def __call__(self, msg):
+        msg = f"[{time.time() - T0:6.1f}s] {msg}"
+        print(msg, flush=True)
+        self.lines.append(msg)
+        self.flush()
+
+    def flush(self):
+        (self.out / "dkdv_pipelined.log").write_text("\n".join(self.lines) + "\n")
+        tmp = self.out / "dkdv_pipelined.json.tmp"
+        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+        os.replace(tmp, self.out / "dkdv_pipelined.json")
+
+
+def run_checks(log, jobs, workers, deadline):
+    """Every job's check, in a pool of spawned processes (one CUDA context each; in this process when workers <= 1):
+    ``{(row, causal): result}``."""
+    from bench.experiments import triton_dkdv_pipelined as mod     # the timing imports this name too: one cache key
+    results = {}
+
+    def note(job, r):
+        name, causal = job[:2]
+        results[(name, causal)] = r
+        what = (f"dK err {r['dk_err']:.2e} dV err {r['dv_err']:.2e} (step 06 at these tiles {r['dk_err_s06']:.2e} "
+                f"{r['dv_err_s06']:.2e}; max |row - step 06| {r['vs_s06']:.1e})") if "dk_err" in r else r.get("error")
+        log(f"check {'causal' if causal else 'full  '} {name:<28} {'ok ' if r['ok'] else 'BAD'} {what} "
+            f"[{r['seconds']:.0f} s]")
+
+    if workers <= 1:
+        for job in jobs:
+            if time.time() > deadline:
+                break
+            note(*mod.check_job(job))
+        return results
+    import multiprocessing as mp
+    try:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            it = pool.imap_unordered(mod.check_job, jobs, chunksize=1)
+            for _ in jobs:
+                note(*it.next(timeout=max(1.0, deadline - time.time())))
+    except mp.TimeoutError:
+        log(f"check phase stopped at its deadline: {len(jobs) - len(results)} checks unfinished (not timed)")
+    return results
+
+
+def gpu_main(args, rows):
+    """Check every row (causal and not, bf16, CHECK_SHAPE) against the float64 reference and step 06 at the same
+    tiles, then time step 06's own dK/dV kernel (as its ``backward()`` launches it, the table's tiles) and every
+    checked row at the leaderboard shape, causal; DIR/dkdv_pipelined.json and .log."""
+    import subprocess as sp
+    import threading
+
+    from bench.core import machine_info
+    from bench.experiments import triton_dkdv_pipelined as mod     # the kernels by the workers' module name
+    smoke = args.smoke
+    if not smoke and not torch.cuda.is_available():
+        print("--out times on a GPU (an H200: sm_90); none here. --small and --aot-check run on a CPU "
+              "(and --smoke runs this plan's code in the interpreter at tiny sizes).")
+        return 2
+    # --smoke: this plan on a CPU, in Triton's interpreter: fp16, tiny shapes, one call's wall clock as the "time"
+    # (it checks the script, not the kernels' speed).
+    device, dtype = ("cpu", torch.float16) if smoke else ("cuda", torch.bfloat16)
+    lb = dict(B=1, H=2, N=192, D=64) if smoke else LB
+    check_shape = (1, 2, 80, 80, 64) if smoke else CHECK_SHAPE
+    log = Log(args.out)
+    try:
+        commit = sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    cap = torch.cuda.get_device_capability() if device == "cuda" else (0, 0)
+    log.data["meta"] = dict(machine_info(), commit=commit, argv=sys.argv, budget_s=args.budget_s, smoke=smoke,
+                            capability=f"{cap[0]}{cap[1]}", dtype=str(dtype), timed_shape=dict(lb, causal=True),
+                            check_shape=check_shape, rows={n: dict(variant=v, tiles=t) for n, (v, t) in rows.items()},
+                            variants=VARIANTS)
+    log(f"{log.data['meta']['gpu']} (sm_{log.data['meta']['capability']}), torch {torch.__version__}, triton "
+        f"{triton.__version__}, commit {commit}" + ("; SMOKE: interpreter, fp16, tiny shapes" if smoke else ""))
+    if device == "cuda" and cap < (9, 0):
+        log("not a Hopper GPU: the kernels run (mma.sync instead of wgmma), but the question is about wgmma")
+    hard = threading.Timer(args.budget_s + 30, lambda: (log("hard limit: stopping"), os._exit(3)))
+    hard.daemon = True
+    hard.start()
+
+    # 1. Check (and compile) every row, causal and not; the timing skips any row that is not right.
+    jobs = [(name, causal, device, str(dtype)[6:], check_shape) for causal in (True, False) for name in rows]
+    checks = run_checks(log, jobs, 1 if smoke else args.workers, T0 + 0.55 * args.budget_s)
+    log.data["checks"] = {f"{'causal' if c else 'full'} {n}": r for (n, c), r in checks.items()}
+    log.flush()
+
+    # 2. Time at the leaderboard shape, causal: step 06's own dK/dV kernel, every checked row, step 06 again.
+    def bench(fn):
+        if smoke:
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+    from attnlib import make_dout, make_qkv
+    B, H, N, D = (lb[x] for x in "BHND")
+    q, k, v = make_qkv(B, H, N, N, D, dtype=dtype, device=device, seed=0)
+    do = make_dout(q, seed=1)
+    o, lse = S5.forward(q, k, v, True, D ** -0.5)
+    cfg = lb_config(True) if not smoke else small_config(T32x64)
+    s06, _ = step06_record(q, k, v, o, lse, do, True, cfg)       # runs step 06's backward once (its D for all rows)
+    _, kern06, grid06, a06, kw06 = s06
+    flops = 4 * 2.0 * B * H * N * N * D / 2                      # dK/dV's four products, causal
+    shape = f"B={B} H={H} N={N} D={D} {str(dtype)[6:]} causal"
+    c = cfg["dkdv"]
+    ms06 = bench(lambda: kern06[grid06](*a06, **kw06))
+    log.data["rows"].append(dict(row="step06 dK/dV (its table)", config=c, ms=ms06, tflops=round(flops / ms06 / 1e9, 1)))
+    log(f"{shape}: step06 dK/dV (its table {c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']} "
+        f"maxnreg={c.get('maxnreg')}) {ms06:.3f} ms {flops / ms06 / 1e9:.1f} TFLOP/s")
+    for name, (variant, tiles) in rows.items():
+        if time.time() - T0 > args.budget_s:
+            log(f"budget of {args.budget_s:.0f} s spent: no more rows")
+            break
+        chk = checks.get((name, True))
+        if not chk or not chk["ok"]:
+            log(f"{name:<28} not timed: check {'did not finish' if not chk else 'failed'}")
+            continue
+        ln = mod.Launch(s06, variant, tiles)
+        try:
+            ms = bench(ln)
+        except Exception as e:  # noqa: BLE001
+            log(f"{name:<28} {type(e).__name__}: {first_line(e, 200)}")
+            continue
+        r = dict(row=name, variant=variant, config=dict(tiles, **VARIANTS[variant]), ms=ms,
+                 tflops=round(flops / ms / 1e9, 1), x_step06=round(ms06 / ms, 3))
+        log.data["rows"].append(r)
+        log(f"{name:<28} {ms:7.3f} ms {r['tflops']:6.1f} TFLOP/s  x step06 {r['x_step06']}")
+    again = bench(lambda: kern06[grid06](*a06, **kw06))
+    log.data["rows"].append(dict(row="step06 dK/dV again (drift)", ms=again))
+    log(f"step06 dK/dV again {again:.3f} ms (first {ms06:.3f})")
+    log.data["meta"]["total_s"] = round(time.time() - T0, 1)
+    log(f"done in {time.time() - T0:.0f} s: {args.out / 'dkdv_pipelined.json'}")
+    hard.cancel()
+    return 0
+
+
+def _cli():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="a CPU: Triton's interpreter, every variant vs the reference")
+    ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
+    ap.add_argument("--causal-only", action="store_true", help="--aot-check: the causal rows only")
+    ap.add_argument("--out", type=Path, help="GPU run: folder for dkdv_pipelined.json and .log (--aot-check: its JSON)")
+    ap.add_argument("--variants", default=None, help="comma-separated row names (default: all of ROWS)")
+    ap.add_argument("--budget-s", type=float, default=140, help="GPU run: start no new row after this many seconds")
+    ap.add_argument("--workers", type=int, default=8, help="GPU run: processes for the check / compile phase")
+    ap.add_argument("--smoke", action="store_true",
+                    help="with --out: the GPU run's code on a CPU (interpreter, fp16, tiny shapes, no real timing)")
+    return ap
+
+
+def pick_rows(ap, spec):
+    if not spec:
+        return dict(ROWS)
+    names = [x.strip() for x in spec.split(",") if x.strip()]
+    unknown = [x for x in names if x not in ROWS]
+    if unknown:
+        ap.error(f"unknown rows {unknown}; known: {list(ROWS)}")
+    return {n: ROWS[n] for n in names}
+
+
+def main(argv=None):
+    ap = _cli()
+    args = ap.parse_args(argv)
+    rows = pick_rows(ap, args.variants)
+    if args.small:
+        failures = small_check(sorted({v for v, _ in rows.values()}, key=list(VARIANTS).index))
+        print(f"{len(failures)} failed; {time.time() - T0:.0f} s")
+        return 1 if failures else 0
+    if args.aot_check:
+        return aot_main(args, rows)
+    if not args.out:
+        ap.error("give --small, --aot-check or --out DIR")
+    return gpu_main(args, rows)
+
+
+if __name__ == "__main__":
+    from bench.experiments import triton_dkdv_pipelined as _this     # one module name for the pool's workers
+    _this.T0 = T0
+    sys.exit(_this.main())
