@@ -347,17 +347,18 @@ def small_config(tiles):
 
 # --small / the test: Triton's interpreter on a CPU, fp16 and fp32 (bf16 dots are wrong there). (B, H, Nq, Nk, D):
 # partial tiles everywhere, Nq != Nk both ways, a padded head dim (24 -> 32), fewer queries than one query tile.
-SMALL_SHAPES = [(1, 2, 100, 70, 16), (1, 1, 45, 100, 24), (1, 1, 20, 40, 16)]
+SMALL_SHAPES = [(1, 1, 100, 70, 16), (1, 1, 45, 100, 24), (1, 1, 20, 40, 16)]
 # Interpreter tiles: BLOCK_N / BLOCK_M = 2 (the table's ratio) and 4 (several diagonal steps).
 SMALL_TILES = [dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1),
                dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=1)]
 MARGIN = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float32: 1e-5}
 
 
-def check_case(variant, tiles, shape, dtype, causal, device, config=None, inputs=None):
+def check_case(variant, tiles, shape, dtype, causal, device, config=None, inputs=None, s06_cache=None):
     """One variant against the float64 reference and against step 06's own kernels at the same dK/dV tiles:
     ``dict(ok, dk_err, dv_err, dk_err_s06, dv_err_s06, vs_s06)``; errors max|x - ref| / max|ref|. ok: finite,
-    inside the course's tolerance for the dtype (attnlib.compare) and at most 2 x step 06's error + MARGIN."""
+    inside the course's tolerance for the dtype (attnlib.compare) and at most 2 x step 06's error + MARGIN.
+    ``s06_cache``: a dict keeping step 06's run per (inputs, tiles), shared by the variants checked on them."""
     from attnlib import make_dout, make_qkv, reference_attention, reference_backward
     B, H, nq, nk, d = shape
     if inputs is None:
@@ -368,7 +369,13 @@ def check_case(variant, tiles, shape, dtype, causal, device, config=None, inputs
         inputs = (q, k, v, do, o64.to(dtype), lse64.float().contiguous(), ref)
     q, k, v, do, o, lse, ref = inputs
     cfg = config or small_config(tiles)
-    launch, (_, dk6, dv6) = step06_record(q, k, v, o, lse, do, causal, cfg)
+    key = (id(q), causal, tuple(sorted(tiles.items())))
+    if s06_cache is None or key not in s06_cache:
+        rec = step06_record(q, k, v, o, lse, do, causal, cfg)
+        if s06_cache is None:
+            s06_cache = {}
+        s06_cache[key] = rec
+    launch, (_, dk6, dv6) = s06_cache[key]
     dk, dv = Launch(launch, variant, tiles)()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -386,7 +393,7 @@ def small_check(variants=None, shapes=SMALL_SHAPES, tiles_list=SMALL_TILES, dtyp
     a list of failure lines (empty: all pass). ``dtypes`` may map a dtype to the tiles to run it on."""
     from attnlib import make_dout, make_qkv, reference_attention, reference_backward
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-    failures, refs = [], {}
+    failures, refs, s06 = [], {}, {}
     for name in variants or VARIANTS:
         for dtype in dtypes:
             for tiles in (dtypes[dtype] if isinstance(dtypes, dict) else tiles_list):
@@ -400,7 +407,7 @@ def small_check(variants=None, shapes=SMALL_SHAPES, tiles_list=SMALL_TILES, dtyp
                             o64, lse64 = reference_attention(q, k, v, is_causal=causal)
                             ref = dict(zip(("dQ", "dK", "dV"), reference_backward(q, k, v, do, causal)))
                             refs[key] = (q, k, v, do, o64.to(dtype), lse64.float().contiguous(), ref)
-                        r = check_case(name, tiles, shape, dtype, causal, device, inputs=refs[key])
+                        r = check_case(name, tiles, shape, dtype, causal, device, inputs=refs[key], s06_cache=s06)
                         line = (f"{'ok  ' if r['ok'] else 'FAIL'} {name:10} {tiles['BLOCK_M']:>3}x{tiles['BLOCK_N']:<3} "
                                 f"{str(shape):22} {str(dtype)[6:]:8} causal={causal!s:5}  dK err {r['dk_err']:.1e} "
                                 f"(step 06 {r['dk_err_s06']:.1e})  dV err {r['dv_err']:.1e} (step 06 "
