@@ -1,6 +1,128 @@
 """Experiment: software-pipelining step 06's dK/dV loop by hand -- does Triton 3.6 keep a product in flight across its exponentials?
 
-DOCSTRING_PLACEHOLDER
+Question. Step 06's dK/dV kernel (solutions/step06_triton_bwd.py, ``_dkdv_inner``) is the largest part of the CS336
+leaderboard time (B=1 H=16 N=16384 D=64 bf16 causal): about 2.3 of 5.1 ms on an H200 at the table's tiles (32x64,
+4 warps, maxnreg=128: four programs per SM; EARLY_DP=False, HEADS_FIRST=True). Compiled for sm_90 its loop waits
+on each wgmma right after issuing it (TTGIR ``D(s) W0 EX2 D(r) D(s) W0 D(r)``: sT = K Q^T, wait, the exponentials,
+dV += pT dO, dpT = V dO^T, wait, dS, dK += dS Q), so inside a program the exponentials and the tensor cores take
+turns. bench/experiments/triton_fwd_pipelined.py found for the forward that Triton 3.6 keeps the next tile's
+product in flight across the exponentials only in FlashAttention-3's deferred order plus a tiny zero product at
+the end of the iteration that forces a wait there ("defer-end"), at a register cost. Does the same trick apply to
+the dK/dV loop, and what does it cost in registers at the table's 32x64 w4 tiles and at 32x128 w8 (maxnreg 128)?
+
+Answer: not yet run on a GPU. The CPU evidence below (compile reports, no GPU) says: yes, with the wait at the
+step's end ptxas keeps a wgmma in flight under all 16 exponentials of a step (step 06: 0 of 16) -- but not the
+product the question names, and not within 128 registers. At the table's cap (maxnreg=128, 32x64 w4 and 32x128
+w8) every new form is serialized by ptxas (every wgmma waited before the next: C7512 "insufficient register
+resources", or C7514 without the end wait) and spills; the overlap needs 187 registers at 32x64 w4 (two 4-warp
+programs per SM instead of four), 168 with a 168 cap and no spills (three per SM), 192 at 32x128 w8 (one 8-warp
+program per SM instead of two). Whether that trade pays is the GPU run's question.
+
+The kernel (``_dkdv_pipe_kernel``): step 06's ``_bwd_dkdv_kernel`` -- the same parameters in the same order, so
+every launch here is step 06's own launch (recorded from its ``backward()``: grid, arguments, options) with fresh
+dK / dV, a row's tiles and the variant's flags -- the same pointer set-up and the same three stages (masked
+diagonal, unmasked body, masked tail: step 06's ``_dkdv_tile`` ranges), the same math operation for operation
+(in the interpreter, fp16 and fp32, every variant's dK and dV are bitwise step 06's at the same tiles). The loop
+is picked by the constexpr ``PIPE`` and two flags:
+
+  (a) control    PIPE=0: step 06's own ``_dkdv_tile`` (imported from solutions/; same registers and schedule
+                 as step 06 in the compile report).
+  (b) pipe       PIPE=1: a prologue computes sT of the first query tile; each step j: dpT_j = V dO_j^T (used in
+                 this step, so Triton waits for it at once), then sT_{j+1} = K Q_{j+1}^T (Q_{j+1} loaded with a
+                 row mask; only yielded), then the exponentials of sT_j (carried raw, scaled where used), dV += pT
+                 dO, dS, dK += dS Q. One sT pipeline runs through the three stages (their query tiles are
+                 consecutive); past N_Q its rows read zeros and the product is thrown away: one extra K Q^T per
+                 program.
+      pipe-end   + ``END_WAIT``: at the end of each step a product of exact zeros (BLOCK_N x 16 @ 16 x 16, A =
+                 rowsum(dS) * 0) whose result the loop reads: Triton waits for it at once, and that wait retires
+                 sT_{j+1} (and dV, dK) before the back edge.
+  (c) defer      PIPE=2: FlashAttention-3's order: each step j issues dpT_j (waited at once), then the previous
+                 tile's dV += pT_{j-1} dO_{j-1} and dK += dS_{j-1} Q_{j-1} (pT, dS carried in fp32 and rounded at
+                 the product, so wgmma reads them from registers; Q_{j-1}, dO_{j-1} loaded again), then sT_{j+1},
+                 then the exponentials of sT_j and dS_j; after the stages, the last tile's dV and dK.
+      defer-end  (c) + ``END_WAIT``.
+
+Extra work: (b)-(d) one K Q^T past the last tile per program; (c)-(d) two products with zero A per program and
+two more tile loads per step (Q_{j-1}, dO_{j-1}: 84 KB of shared memory at 4 stages, step 06 49 KB);
+``END_WAIT`` one 64x16x16 wgmma per warpgroup per step.
+
+Why these forms (Triton 3.6, WGMMAPipeline.cpp, ``dotCanBeProperlyAsync``; triton_fwd_pipelined.py says more): a
+wgmma in a loop is left in flight only if its result is used by nothing in the loop but the yield and, in the next
+iteration, only as another wgmma's accumulator or only after the body's first ``pendings = 0`` wait. Unlike the
+forward, the backward has a product that every step needs at once and does not depend on the exponentials,
+dpT_j: issued first, its wait is the body's first, and the carried sT_j is used after it. So (b) already gets the
+TTGIR the question asks for (``D(s) W0 D(s) EX2 D(r) D(r)``: sT_{j+1} not waited before the exponentials), where
+the forward's (b) did not. Then ptxas: without the end wait it serializes every wgmma of the kernel (C7514: the
+carried sT is copied at the back edge while in flight), as in the forward; with it, it does not when registers
+allow. Two findings of the SASS: (1) the end product's A must depend on the step's elementwise work (rowsum(dS)
+* 0 here, l_i * 0 in the forward): with A = (a loop-carried zero) * 0 alone ptxas moved all 16 MUFU.EX2 of the step
+below the end wait (0 of 16 under a wgmma). (2) In every unserialized form ptxas then places the exponentials
+under dpT_j, not under sT_{j+1}: sT_j was retired at the previous step's end, so nothing holds them below dpT's
+wait. The SASS loop is ``Hs EX5 Hs EX8 Hs EX3 Hs W0 Hsx4 Hrx5 W0``: the four k-steps of dpT_j interleaved with the
+16 exponentials, its wait, then sT_{j+1}, dV, dK and the zero product back to back (the dS arithmetic between),
+the end wait. The deferred order (c)/(d) gives the same SASS shape (dV_{j-1}, dK_{j-1}, sT_{j+1} after dpT's
+wait) at 50 more registers: deferring buys nothing here. (A loop-carried start of the previous tile in (c) made
+Triton's pipeliner give up on the loop -- no multi-buffered loads, every wgmma waited -- so the previous tile is
+start_m - BLOCK_M.)
+
+CPU evidence (``--aot-check``, 2026-12-01, Triton 3.6.0 and its bundled ptxas, sm_90a, no GPU; B=1 H=16 N=16384
+D=64 bf16 causal, EARLY_DP=False and HEADS_FIRST=True on every row as step 06's table). "EX2 under wgmma"
+(triton_fwd_pipelined.sass_loops): per SASS loop (diagonal / body / tail stage), the MUFU.EX2 issued while a
+wgmma is outstanding : all MUFU.EX2 of the loop. "serial": ptxas serialized every wgmma of the kernel, and why
+(7512 registers, 7514 / 7515 an accumulator read / written before its wait). In a serialized kernel each HGMMA
+k-step is waited before the next, so its "EX2 under wgmma" counts exponentials that overlap one 64xNx16 step
+only. SASS columns: Hs / Hr HGMMA with A from shared memory / registers, Wn a wait leaving n in flight, EXn n
+MUFU.EX2.
+
+    row (causal)              regs     spill  smem CTA    serial    EX2 under wgmma  TTGIR loop (body stage)             SASS loop (body stage)
+    step06 itself 32x64 w4     128     24/40   49K   4        no     0:16/0:16/0:16  D(s) W0 EX2 D(r) D(s) W0 D(r)       Hsx4 W0 EX16 Hrx2 Hsx4 W0 Hrx2
+    control 32x64 w4 r128      128     24/40   49K   4        no     0:16/0:16/0:16  D(s) W0 EX2 D(r) D(s) W0 D(r)       Hsx4 W0 EX16 Hrx2 Hsx4 W0 Hrx2
+    pipe 32x64 w4 r128         128     36/56   69K   3      7514    0:16/3:16/12:16  D(s) W0 D(s) EX2 D(r) D(r)          (a wait after each HGMMA)
+    pipe-end 32x64 w4 r128     128     32/52   69K   3      7512  14:16/12:16/13:16  D(s) W0 D(s) EX2 D(r) D(r) D(r) W0  (a wait after each HGMMA)
+    defer 32x64 w4 r128        128 1220/1000   84K   2      7514     0:16/0:16/0:16  D(s) W0 D(r) D(r) D(s) EX2          (a wait after each HGMMA)
+    defer-end 32x64 w4 r128    128 1268/1052   85K   2      7512   12:16/6:16/13:16  D(s) W0 D(r) D(r) D(s) EX2 D(r) W0  (a wait after each HGMMA)
+    control 32x128 w8 r128     128       0/0   64K   2        no     0:16/0:16/0:16  D(s) W0 EX2 D(r) D(s) W0 D(r)       Hsx4 W0 EX16 Hrx2 Hsx4 W0 Hrx2
+    pipe 32x128 w8 r128        128     28/48   85K   2      7514    0:16/3:16/13:16  D(s) W0 D(s) EX2 D(r) D(r)          (a wait after each HGMMA)
+    pipe-end 32x128 w8 r128    128     32/56   85K   2      7512   13:16/9:16/13:16  D(s) W0 D(s) EX2 D(r) D(r) D(r) W0  (a wait after each HGMMA)
+    defer 32x128 w8 r128       128   832/676  100K   2      7514     3:16/0:16/4:16  D(s) W0 D(r) D(r) D(s) EX2          (a wait after each HGMMA)
+    defer-end 32x128 w8 r128   128  1192/980  101K   2      7512  16:16/12:16/15:16  D(s) W0 D(r) D(r) D(s) EX2 D(r) W0  (a wait after each HGMMA)
+    pipe 32x64 w4              164       0/0   69K   3      7514   11:16/10:16/8:16  D(s) W0 D(s) EX2 D(r) D(r)          (a wait after each HGMMA)
+    pipe-end 32x64 w4          187       0/0   69K   2        no  16:16/16:16/16:16  D(s) W0 D(s) EX2 D(r) D(r) D(r) W0  Hs EX5 Hs EX8 Hs EX3 Hs W0 Hsx4 Hrx5 W0
+    defer 32x64 w4             218       0/0   84K   2      7514     0:16/0:16/0:16  D(s) W0 D(r) D(r) D(s) EX2          (a wait after each HGMMA)
+    defer-end 32x64 w4         238       0/0   85K   2        no  16:16/16:16/16:16  D(s) W0 D(r) D(r) D(s) EX2 D(r) W0  Hs EX6 Hs EX8 Hs EX2 Hs W0 Hrx4 Hsx4 Hr W0
+    pipe-end 32x64 w4 r168     168       0/0   69K   3        no  16:16/16:16/16:16  D(s) W0 D(s) EX2 D(r) D(r) D(r) W0  Hs EX4 Hs EX8 Hs EX4 Hs W0 Hsx4 Hrx5 W0
+    defer-end 32x64 w4 r168    168   236/256   85K   2        no  16:16/16:16/16:16  D(s) W0 D(r) D(r) D(s) EX2 D(r) W0  Hs EX1 Hsx3 W0 Hr EX4 Hr EX1 Hr EX7 Hr EX1 Hs EX2 Hsx3 Hr W0
+    pipe-end 32x128 w8         192       0/0   85K   1        no  16:16/16:16/16:16  D(s) W0 D(s) EX2 D(r) D(r) D(r) W0  Hs EX6 Hs EX8 Hs EX2 Hs W0 Hsx4 Hrx5 W0
+    defer-end 32x128 w8        226       0/0  101K   1        no  16:16/16:16/16:16  D(s) W0 D(r) D(r) D(s) EX2 D(r) W0  Hs EX6 Hs EX8 Hs EX2 Hs W0 Hrx4 Hsx4 Hr W0
+
+Not causal (step 06's table there: 32x64 w4 s4, EARLY_DP=True, no cap): the same picture (pipe-end 32x64 w4
+uncapped 164 registers, three programs per SM, 16:16; at r128 C7512), and step 06's own kernel there is already
+serialized by ptxas (C7515, 142 registers) -- a finding for step 06's non-causal table, not followed up here.
+
+How to run:
+
+    python bench/experiments/triton_dkdv_pipelined.py --small           # a CPU, interpreter: every variant vs the float64
+                                                                        #   reference and step 06 (fp16, fp32; ~1 min)
+    python bench/experiments/triton_dkdv_pipelined.py --aot-check       # no GPU: compile for sm_90a, the report above (~30-50 s)
+    python bench/experiments/triton_dkdv_pipelined.py --out DIR         # an H200: the GPU plan (about 1-2 min; hard stop 170 s)
+    python bench/experiments/triton_dkdv_pipelined.py --out DIR --smoke # a CPU: the GPU plan's code, interpreter, tiny sizes
+    pytest tests/test_experiment_dkdv_pipelined.py                      # the new variants vs the reference (~30 s, 2 cores)
+
+``--variants NAME,...`` picks rows of ``ROWS`` (names as in the table); ``--aot-check --out DIR`` also writes every
+row's facts to DIR/dkdv_pipelined_aot.json.
+
+The GPU run (``--out DIR``): (1) check, in a pool of processes (``--workers``, 8) that also compiles every kernel
+into Triton's on-disk cache: every row, causal and not, at B=2 H=16 N=1008 D=64 bf16 (partial tiles; the
+leaderboard shape's Triton specialization), dK and dV against the float64 reference and against step 06 itself
+at the row's tiles (launched by its ``backward()``): inside the course's bf16 tolerance and at most 2 x step 06's
+error + 1e-3, or the row is not timed. (2) Time (``triton.testing.do_bench``, warmup 25, rep 100, median) at the
+leaderboard shape, causal: step 06's own dK/dV kernel as its ``backward()`` launches it (the table), every checked
+row on step 06's very arguments (its D and LSE), step 06 again (drift); "x step06" = step 06's time / the row's.
+No row starts after ``--budget-s`` (140); a watchdog stops the run 30 s later. Writes DIR/dkdv_pipelined.json
+(machine, date, versions, commit, checks, rows) and DIR/dkdv_pipelined.log after every line. What to read first:
+"pipe-end 32x64 w4 r168" (three programs per SM, no spills, no serialization, 16 of 16 under a wgmma) and
+"pipe-end 32x64 w4" (two per SM) against "step06 dK/dV (its table)" and "control 32x64 w4 r128"; then the r128
+rows (does a serialized kernel with the overlap lose, as the compile report predicts) and 32x128 w8.
 """
 from __future__ import annotations
 
@@ -431,7 +553,7 @@ def lb_config(causal, n=LB["N"], d=LB["D"], bh=LB["B"] * LB["H"]):
 
 
 AOT_HEADER = (f"{'row':<27}{'regs':>5}{'spill':>10}{'smem':>6}{'CTA':>4}{'warps':>6}{'serial':>10}{'HGMMA':>6}"
-              f"{'EX2 under wgmma':>17}  TTGIR loop (unmasked stage) | SASS loop (unmasked stage)")
+              f"{'EX2 under wgmma':>18}  TTGIR loop (unmasked stage) | SASS loop (unmasked stage)")
 
 
 def aot_line(name, i):
@@ -445,7 +567,7 @@ def aot_line(name, i):
     sp = f"{i.get('spill_stores', '?')}/{i.get('spill_loads', '?')}"
     return (f"{name[:26]:<27}{i.get('regs', '?'):>5}{sp:>10}{i['shared_bytes'] // 1024:>5}K{i.get('ctas_per_sm', '?'):>4}"
             f"{i.get('warps_per_sm', '?'):>6}{serial_codes(i):>10}{i.get('sass_HGMMA', '?'):>6}"
-            f"{under:>17}  {body_tt} | {body_sl}")
+            f" {under:>17}  {body_tt} | {body_sl}")
 
 
 def serial_codes(i):
