@@ -55,8 +55,8 @@ TTGIR the question asks for (``D(s) W0 D(s) EX2 D(r) D(r)``: sT_{j+1} not waited
 the forward's (b) did not. Then ptxas: without the end wait it serializes every wgmma of the kernel (C7514: the
 carried sT is copied at the back edge while in flight), as in the forward; with it, it does not when registers
 allow. Two findings of the SASS: (1) the end product's A must depend on the step's elementwise work (rowsum(dS)
-* 0 here, l_i * 0 in the forward): with A = (a loop-carried zero) * 0 alone ptxas moved all 16 MUFU.EX2 of the step
-below the end wait (0 of 16 under a wgmma). (2) In every unserialized form ptxas then places the exponentials
+* 0 here, l_i * 0 in the forward): with A = (a loop-carried zero) * 0 alone, ptxas moved all 16 MUFU.EX2 of the
+step below the end wait (defer-end 32x64 w4, uncapped: ``... Hr W0 EX16``, 0 of 16 under a wgmma). (2) In every unserialized form ptxas then places the exponentials
 under dpT_j, not under sT_{j+1}: sT_j was retired at the previous step's end, so nothing holds them below dpT's
 wait. The SASS loop is ``Hs EX5 Hs EX8 Hs EX3 Hs W0 Hsx4 Hrx5 W0``: the four k-steps of dpT_j interleaved with the
 16 exponentials, its wait, then sT_{j+1}, dV, dK and the zero product back to back (the dS arithmetic between),
