@@ -102,11 +102,11 @@ serialized by ptxas (C7515, 142 registers) -- a finding for step 06's non-causal
 How to run:
 
     python bench/experiments/triton_dkdv_pipelined.py --small           # a CPU, interpreter: every variant vs the float64
-                                                                        #   reference and step 06 (fp16, fp32; ~1 min)
+                                                                        #   reference and step 06 (fp16, fp32; ~20 s)
     python bench/experiments/triton_dkdv_pipelined.py --aot-check       # no GPU: compile for sm_90a, the report above (~30-50 s)
     python bench/experiments/triton_dkdv_pipelined.py --out DIR         # an H200: the GPU plan (about 1-2 min; hard stop 170 s)
     python bench/experiments/triton_dkdv_pipelined.py --out DIR --smoke # a CPU: the GPU plan's code, interpreter, tiny sizes
-    pytest tests/test_experiment_dkdv_pipelined.py                      # the new variants vs the reference (~30 s, 2 cores)
+    pytest tests/test_experiment_dkdv_pipelined.py                      # the new variants vs the reference (~20-30 s, 2 cores)
 
 ``--variants NAME,...`` picks rows of ``ROWS`` (names as in the table); ``--aot-check --out DIR`` also writes every
 row's facts to DIR/dkdv_pipelined_aot.json.
