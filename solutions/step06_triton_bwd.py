@@ -487,7 +487,8 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
             # backward (results/h200/triton/lb_5ms_*.json, two runs on two H200s): every head's
             # heavy key tiles first 3.95 -> 3.81 ms; the dQ kernel's too, 3.83 -> 3.75 and 3.91 ->
             # 3.82; four 4-warp programs of 32x64 instead of two of 32x128, 3.82 -> 3.78 (s3 and s4
-            # within 0.2%); the early dP within 0.5% either way here. Not measured at other causal
+            # within 0.2%), though under the cap ptxas spills 24 bytes a thread there (40 B reloaded;
+            # `bench/experiments/triton_dkdv_variants.py --aot-check`); the early dP within 0.5%. Not measured at other causal
             # shapes than the leaderboard's; the grid's causal D=64 rows will use these tiles too.
             dkdv = dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4, maxnreg=128,
                         EARLY_DP=False, HEADS_FIRST=True)
