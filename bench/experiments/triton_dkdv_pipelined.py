@@ -661,27 +661,6 @@ def check_job(job):
     return job, r
 
 
-class Log:
-    """Print and keep every line; DIR/dkdv_pipelined.json and .log are rewritten after every line."""
-
-    def __init__(self, out):
-        self.out = Path(out)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.lines, self.data = [], dict(meta={}, checks={}, rows=[])
-
-    def __call__(self, msg):
-        msg = f"[{time.time() - T0:6.1f}s] {msg}"
-        print(msg, flush=True)
-        self.lines.append(msg)
-        self.flush()
-
-    def flush(self):
-        (self.out / "dkdv_pipelined.log").write_text("\n".join(self.lines) + "\n")
-        tmp = self.out / "dkdv_pipelined.json.tmp"
-        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
-        os.replace(tmp, self.out / "dkdv_pipelined.json")
-
-
 def run_checks(log, jobs, workers, deadline):
     """Every job's check, in a pool of spawned processes (one CUDA context each; in this process when workers <= 1):
     ``{(row, causal): result}``."""
@@ -732,7 +711,8 @@ def gpu_main(args, rows):
     device, dtype = ("cpu", torch.float16) if smoke else ("cuda", torch.bfloat16)
     lb = dict(B=1, H=2, N=192, D=64) if smoke else LB
     check_shape = (1, 2, 80, 80, 64) if smoke else CHECK_SHAPE
-    log = Log(args.out)
+    from bench.experiments.triton_fwd_pipelined import Log
+    log = Log(args.out, "dkdv_pipelined", T0)          # DIR/dkdv_pipelined.json and .log, after every line
     try:
         commit = sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     except OSError:

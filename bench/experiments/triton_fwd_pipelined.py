@@ -764,24 +764,25 @@ def check_job(job):
 
 
 class Log:
-    """Print and keep every line; DIR/fwd_pipelined.json and .log are rewritten after every row."""
+    """Print and keep every line; DIR/NAME.json and .log are rewritten after every row (NAME: this experiment's,
+    or another's that imports it, with its own start time ``t0``)."""
 
-    def __init__(self, out):
-        self.out = Path(out)
+    def __init__(self, out, name="fwd_pipelined", t0=None):
+        self.out, self.name, self.t0 = Path(out), name, T0 if t0 is None else t0
         self.out.mkdir(parents=True, exist_ok=True)
         self.lines, self.data = [], dict(meta={}, checks={}, rows=[])
 
     def __call__(self, msg):
-        msg = f"[{time.time() - T0:6.1f}s] {msg}"
+        msg = f"[{time.time() - self.t0:6.1f}s] {msg}"
         print(msg, flush=True)
         self.lines.append(msg)
         self.flush()
 
     def flush(self):
-        (self.out / "fwd_pipelined.log").write_text("\n".join(self.lines) + "\n")
-        tmp = self.out / "fwd_pipelined.json.tmp"
+        (self.out / f"{self.name}.log").write_text("\n".join(self.lines) + "\n")
+        tmp = self.out / f"{self.name}.json.tmp"
         tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
-        os.replace(tmp, self.out / "fwd_pipelined.json")
+        os.replace(tmp, self.out / f"{self.name}.json")
 
 
 def run_checks(log, jobs, workers, deadline):
