@@ -301,8 +301,9 @@ SHAPES = [(1, 1), (77, 77), (128, 128), (1000, 1000), (300, 700), (700, 300), (4
 
 
 def flops(B, H, N, D, causal):
-    f = 4.0 * B * H * N * N * D
-    return f / 2 if causal else f
+    """FlashAttention's forward FLOP count (bench.core's)."""
+    from bench.core import flops as course_flops
+    return course_flops(B, H, N, D, causal, "fwd")
 
 
 def main():

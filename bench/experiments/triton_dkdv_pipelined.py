@@ -148,7 +148,7 @@ import triton.language as tl  # noqa: E402
 from attnlib.loader import load_step  # noqa: E402
 # The compile report's facts (registers, spills, ptxas's C7514 serialization warning, TTGIR and SASS loops, and
 # the "EX2 under wgmma" count of ``sass_loops``) come from the forward experiment, unchanged.
-from bench.experiments.triton_fwd_pipelined import aot_compile  # noqa: E402
+from bench.experiments.triton_fwd_pipelined import aot_compile, aot_finish, aot_rows  # noqa: E402
 from bench.experiments.triton_lb_variants import errors, first_line, record_launches  # noqa: E402
 
 S5 = load_step(5, "solutions")
@@ -608,26 +608,8 @@ def aot_main(args, rows):
         for name, (variant, tiles) in rows.items():
             ln = Launch(s06, variant, tiles)
             items.append((name, (ln.kernel, ln.grid, ln.args, ln.kwargs)))
-        for name, (kern, grid, a, kw) in items:
-            tag = f"{'causal' if causal else 'full'} {name}"
-            try:
-                i = aot_compile(kern, grid, a, kw)
-                report[tag] = i
-                print(aot_line(name, i), flush=True)
-            except Exception as e:  # noqa: BLE001 - one row that fails to compile is a line, not the end
-                failures += 1
-                report[tag] = f"{type(e).__name__}: {str(e)[:300]}"
-                print(f"{name[:26]:<27}FAIL {report[tag][:150]}", flush=True)
-        print()
-    warned = sorted({w for i in report.values() if isinstance(i, dict) for w in i["ptxas_warnings"]})
-    for w in warned:
-        print(f"ptxas: {w}")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "dkdv_pipelined_aot.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-        print(f"wrote {args.out / 'dkdv_pipelined_aot.json'}")
-    print(f"{len(report) - failures} compiled, {failures} failed; {time.time() - T0:.0f} s")
-    return 1 if failures else 0
+        failures += aot_rows(items, report, "causal" if causal else "full", aot_line)
+    return aot_finish(report, failures, args.out, "dkdv_pipelined_aot.json", T0)
 
 
 # %% --out DIR: the GPU run ----------------------------------------------------------------------------------

@@ -716,25 +716,40 @@ def aot_main(args):
             for name, (variant, tiles) in ROWS[d].items():
                 ln = launch_row(q, q, q, causal, variant, tiles, hf)
                 items.append((name, (ln.kernel, ln.grid, ln.args, ln.kwargs)))
-            for name, (kern, grid, a, kw) in items:
-                tag = f"D{d} {'causal' if causal else 'full'} {name}"
-                try:
-                    i = aot_compile(kern, grid, a, kw)
-                    report[tag] = i
-                    print(aot_line(name, i), flush=True)
-                except Exception as e:  # noqa: BLE001 - one row that fails to compile is a line, not the end
-                    failures += 1
-                    report[tag] = f"{type(e).__name__}: {str(e)[:300]}"
-                    print(f"{name[:26]:<27}FAIL {report[tag][:150]}", flush=True)
-            print()
+            failures += aot_rows(items, report, f"D{d} {'causal' if causal else 'full'}")
+    return aot_finish(report, failures, args.out, "fwd_pipelined_aot.json", T0)
+
+
+def aot_rows(items, report, tag, line=None):
+    """Compile each ``(name, (kernel, grid, args, kwargs))`` for sm_90 and print its line (``line(name, facts)``,
+    this file's ``aot_line`` by default); its facts (or its error) go to ``report[f"{tag} {name}"]``. Returns how
+    many failed to compile."""
+    line = line or aot_line
+    failures = 0
+    for name, (kern, grid, a, kw) in items:
+        key = f"{tag} {name}"
+        try:
+            i = aot_compile(kern, grid, a, kw)
+            report[key] = i
+            print(line(name, i), flush=True)
+        except Exception as e:  # noqa: BLE001 - one row that fails to compile is a line, not the end
+            failures += 1
+            report[key] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(f"{name[:26]:<27}FAIL {report[key][:150]}", flush=True)
+    print()
+    return failures
+
+
+def aot_finish(report, failures, out, filename, t0):
+    """The ptxas warnings seen, the report as DIR/filename when ``out``, the count; the exit status."""
     warned = sorted({w for i in report.values() if isinstance(i, dict) for w in i["ptxas_warnings"]})
     for w in warned:
         print(f"ptxas: {w}")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "fwd_pipelined_aot.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-        print(f"wrote {args.out / 'fwd_pipelined_aot.json'}")
-    print(f"{len(report) - failures} compiled, {failures} failed; {time.time() - T0:.0f} s")
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / filename).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(f"wrote {out / filename}")
+    print(f"{len(report) - failures} compiled, {failures} failed; {time.time() - t0:.0f} s")
     return 1 if failures else 0
 
 
