@@ -131,6 +131,8 @@ def implementations(impl_root="solutions", device="cpu"):
     add("step05-tma", 5, tma=True)        # opt-in TMA loads; a ValueError row ("unsupported: ...") where TMA cannot run
     add("step06", 6)
     add("step07", 7)
+    add("step07-v4", 7, version=4)     # sm_90a only: a ValueError row elsewhere
+    add("step07-v5", 7, version=5)
     return impls
 
 

@@ -9,6 +9,11 @@ The same algorithm as steps 04-06, written as CUDA C++ kernels in ``csrc/``:
     csrc/step07_fwd_v4.cu   v4: v3 with both products on Hopper's wgmma (warpgroup MMA,
                             operands read from shared memory through descriptors, P from
                             registers); sm_90a only (H100/H200)
+    csrc/step07_fwd_v5.cu   v5: v4 warp-specialized: TMA loads by a producer warpgroup into
+                            an mbarrier ring, two consumer warpgroups, setmaxnreg, optional
+                            ping-pong; sm_90a only
+    csrc/step07_wgmma.cuh   v4's and v5's wgmma: the swizzled layout, the descriptor, the
+                            instructions
     csrc/step07_bwd.cu      backward v1: Delta, then dK/dV and dQ kernels, scalar fp32 (any dtype)
     csrc/step07_bwd_mma.cu  backward v2: the same split on tensor cores (fp16/bf16)
     csrc/step07_binding.cpp the torch glue (the only file that includes torch)
@@ -30,9 +35,10 @@ the first time it is called (a minute or so), then loads the cached module:
   (sm_90a on an H100/H200, sm_80 on an A100): machine code for this chip and no
   other, so nothing is JIT-compiled from PTX when the module loads. On 9.0 the
   target is ``sm_90a``, not ``sm_90``: the "a" (architecture-specific) features,
-  wgmma among them, exist only there, and v4 needs them; code built for sm_90a runs
-  on sm_90 GPUs only. Elsewhere v4's kernel compiles to an empty body and
-  ``attention(..., version=4)`` is refused with a ValueError before any launch.
+  wgmma, setmaxnreg and TMA's tensor loads among them, exist only there, and v4 and
+  v5 need them; code built for sm_90a runs on sm_90 GPUs only. Elsewhere their kernels
+  compile to an empty body and ``attention(..., version=4)`` (or 5) is refused with a
+  ValueError before any launch.
 - cache: the build directory is ``$ATTN_BUILD_DIR`` (default
   ``~/.cache/attn-course``) / ``attn_step07_<hash>``, the hash taken over every
   source file, the flags and the torch version. Edit a kernel and the hash
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -55,25 +62,30 @@ from attnlib.ops import extension_op, op_namespace
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_fwd_v4.cu",
-           "step07_bwd.cu", "step07_bwd_mma.cu"]
-HEADERS = ["step07_launch.h", "step07_common.cuh"]
-VERSIONS = (1, 2, 3, 4)
+           "step07_fwd_v5.cu", "step07_bwd.cu", "step07_bwd_mma.cu"]
+HEADERS = ["step07_launch.h", "step07_common.cuh", "step07_wgmma.cuh"]
+VERSIONS = (1, 2, 3, 4, 5)
 # v3's tile shapes (FlashAttentionCUDA's `config`; 0 is what attention() uses):
 # see launch_d in csrc/step07_fwd_v3.cu. bench/cuda_gpu.py times them all.
 V3_CONFIGS = {64: (0, 1, 2, 3), 128: (0, 1, 2)}
 # v4's tile shapes (launch_d in csrc/step07_fwd_v4.cu): 0 = 128 x 128, 1 = 128 x 64.
 V4_CONFIGS = {64: (0, 1), 128: (0, 1)}
+# v5's (launch_d in csrc/step07_fwd_v5.cu): 0 = 128 x 64 tiles, 2 stages; 1 = 128 x 64, 4 stages;
+# 2 = 128 x 128, 2 stages; 3 = 0 with ping-pong; 4 = 2 with ping-pong; 5 = three consumers, 192 x 64.
+V5_CONFIGS = {64: (0, 1, 2, 3, 4, 5), 128: (0, 1, 2, 3, 4, 5)}
 # The config each version runs when none is asked for: v4's 128 x 64 tiles were the faster at every
-# shape on the H200 (results/h200/step07_v4/README.md); v3's table is its config 0.
-DEFAULT_CONFIG = {4: 1}
-# Versions that need a particular GPU: v4's wgmma exists on compute capability 9.0 only.
-ARCH_ONLY = {4: (9, 0)}
+# shape on the H200 (results/h200/step07_v4/README.md); v5's 128 x 128 tiles, 2 stages, the fastest
+# or within a few percent at every shape (results/h200/step07_v5/); v3's table is its config 0.
+DEFAULT_CONFIG = {4: 1, 5: 2}
+# Versions that need a particular GPU: v4's and v5's wgmma exist on compute capability 9.0 only.
+ARCH_ONLY = {4: (9, 0), 5: (9, 0)}
 HEAD_DIMS = (64, 128)
 DTYPES = {
     1: (torch.float32, torch.float16, torch.bfloat16),
     2: (torch.float16, torch.bfloat16),
     3: (torch.float16, torch.bfloat16),
     4: (torch.float16, torch.bfloat16),
+    5: (torch.float16, torch.bfloat16),
 }
 NVCC_FLAGS = ["-O3", "--use_fast_math", "-lineinfo"]   # cpp_extension adds -std=c++17/20 itself
 
@@ -98,7 +110,7 @@ def arch_flags(capability: tuple[int, int]) -> list[str]:
 
 
 def check_version_arch(version: int, capability: tuple[int, int], where: str = "step07") -> None:
-    """ValueError when ``version`` cannot run on a GPU of this compute capability (v4: 9.0 only)."""
+    """ValueError when ``version`` cannot run on a GPU of this compute capability (v4, v5: 9.0 only)."""
     need = ARCH_ONLY.get(version)
     if need is not None and tuple(capability) != need:
         raise ValueError(
@@ -174,21 +186,28 @@ def _flat(t):
 # The compiler cannot look inside compiled CUDA: the fakes tell it the output shapes, and
 # step07_fwd's autograd formula calls step07_bwd.
 
-FWD_FILES = {1: "step07_fwd_v1.cu", 2: "step07_fwd_v2.cu", 3: "step07_fwd_v3.cu", 4: "step07_fwd_v4.cu"}
+FWD_FILES = {1: "step07_fwd_v1.cu", 2: "step07_fwd_v2.cu", 3: "step07_fwd_v3.cu", 4: "step07_fwd_v4.cu",
+             5: "step07_fwd_v5.cu"}
 BWD_FILES = {1: "step07_bwd.cu", 2: "step07_bwd_mma.cu"}
+
+
+_LOCAL_INCLUDE = re.compile(r'^\s*#include "(step07_[^"]+)"', re.M)
 
 
 def refuse_unwritten(name: str) -> None:
     """A kernel cannot raise NotImplementedError: a stub's would run and return garbage. So this
-    refuses to launch one whose file still holds a region's ``STUDENT_TODO;`` line."""
-    path = CSRC / name
-    lines = path.read_text().splitlines()
+    refuses to launch one whose file -- or a step07_* header it includes (v4's and v5's descriptor
+    lives in step07_wgmma.cuh) -- still holds a region's ``STUDENT_TODO;`` line."""
+    text = (CSRC / name).read_text()
+    lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.strip().startswith("STUDENT_TODO;"):
             todo = lines[i - 1].strip().lstrip("/ ") if i else ""
             raise NotImplementedError(
                 f"Step 07: csrc/{name}:{i + 1} is a region still to write ({todo or 'see its TODO'}); "
                 "delete its STUDENT_TODO; line once it is written")
+    for header in _LOCAL_INCLUDE.findall(text):
+        refuse_unwritten(header)
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: float,
@@ -219,7 +238,7 @@ def _bwd_fake(q, k, v, o, lse, do, is_causal, scale, bwd_version):
 
 
 def default_bwd_version(version, dtype):
-    """Forward v1 (and any fp32 input) pairs with backward v1, v2, v3 and v4 with v2 (tensor cores)."""
+    """Forward v1 (and any fp32 input) pairs with backward v1, v2 to v5 with v2 (tensor cores)."""
     return 1 if version == 1 or dtype == torch.float32 else 2
 
 
@@ -250,10 +269,11 @@ class FlashAttentionCUDA(torch.autograd.Function):
 
     ``apply(q, k, v, is_causal=False, scale=None, version=3, config=None, bwd_version=None)`` -> O.
     Saves q, k, v, o and exactly one LSE (float32, (..., Nq), natural log).
-    ``config`` picks v3's tile shape (V3_CONFIGS) or v4's (V4_CONFIGS), by default DEFAULT_CONFIG's;
+    ``config`` picks v3's tile shape (V3_CONFIGS), v4's (V4_CONFIGS) or v5's (V5_CONFIGS), by default
+    DEFAULT_CONFIG's;
     v1 and v2 ignore it.
     ``bwd_version``: 1, the scalar backward, or 2, the tensor-core one; by default
-    forward v1 (and any fp32 input) is paired with backward v1, v2, v3 and v4 with v2.
+    forward v1 (and any fp32 input) is paired with backward v1, v2 to v5 with v2.
     """
 
     @staticmethod
@@ -277,6 +297,6 @@ def attention_with_lse(q, k, v, is_causal=False, scale=None, version=3):
 
 
 def attention(q, k, v, is_causal=False, scale=None, version=3):
-    """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2, 3, or 4 on sm_90)."""
+    """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2, 3; 4 or 5 on sm_90)."""
     s = _validate(q, k, v, is_causal, scale, version, "step07 attention")
     return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)

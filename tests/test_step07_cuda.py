@@ -168,7 +168,7 @@ def test_unknown_version_is_a_value_error(load):
     m = load(7)
     q, k, v = make_qkv(1, 1, 8, D=64, dtype=torch.float16)
     with pytest.raises(ValueError, match="version"):
-        m.attention(q, k, v, version=5)
+        m.attention(q, k, v, version=6)
 
 
 def test_cpu_tensors_are_a_value_error(load):
@@ -196,10 +196,12 @@ def test_build_without_gpu_is_a_runtime_error(load):
 def test_v4_refused_off_sm90(load):
     m = load(7)
     m.check_version_arch(4, (9, 0))
+    m.check_version_arch(5, (9, 0))
     m.check_version_arch(3, (8, 0))
     for cap in [(8, 0), (8, 9), (10, 0), (12, 0)]:
-        with pytest.raises(ValueError, match="wgmma.*sm_90a.*" + f"{cap[0]}\\.{cap[1]}"):
-            m.check_version_arch(4, cap)
+        for version in (4, 5):
+            with pytest.raises(ValueError, match="wgmma.*sm_90a.*" + f"{cap[0]}\\.{cap[1]}"):
+                m.check_version_arch(version, cap)
 
 
 def test_arch_flags(load):
@@ -223,7 +225,16 @@ GPU_CASES = [
     ((1, 2), 515, 1029, 128),    # many tiles, both partial at the end
 ]
 VERSION_DTYPES = [(1, torch.float32), (1, torch.float16), (1, torch.bfloat16),
-                  (2, torch.float16), (2, torch.bfloat16), (3, torch.float16), (3, torch.bfloat16)]
+                  (2, torch.float16), (2, torch.bfloat16), (3, torch.float16), (3, torch.bfloat16),
+                  (4, torch.float16), (4, torch.bfloat16), (5, torch.float16), (5, torch.bfloat16)]
+# v4 and v5 exist on sm_90a only (H100/H200): elsewhere their rows skip, saying so.
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+sm90 = pytest.mark.skipif(not SM90, reason="v4 and v5 need an sm_90a GPU (H100/H200)")
+
+
+def _needs_sm90(version):
+    if version >= 4 and not SM90:
+        pytest.skip("v4 and v5 need an sm_90a GPU (H100/H200)")
 
 
 def _id(c):
@@ -238,6 +249,7 @@ def _id(c):
 @pytest.mark.parametrize("version,dtype", VERSION_DTYPES,
                          ids=[f"v{v}-{str(d).replace('torch.', '')}" for v, d in VERSION_DTYPES])
 def test_forward_backward_lse(load, version, dtype, is_causal, case):
+    _needs_sm90(version)
     m = load(7)
     batch, nq, nk, d = case
     q, k, v = make_qkv(Nq=nq, Nk=nk, D=d, batch_shape=batch, dtype=dtype, device="cuda", seed=nq + d)
@@ -250,8 +262,9 @@ def test_forward_backward_lse(load, version, dtype, is_causal, case):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
 def test_explicit_scale(load, version):
+    _needs_sm90(version)
     m = load(7)
     q, k, v = make_qkv(2, 2, 70, D=64, dtype=torch.float16, device="cuda")
     attn = lambda q, k, v, is_causal, scale: m.attention(q, k, v, is_causal=is_causal, scale=scale,  # noqa: E731
@@ -295,4 +308,23 @@ def test_v3_tile_configs(load, d, is_causal):
         def attn(q, k, v, is_causal, scale, config=config):
             s = d ** -0.5 if scale is None else scale
             return m.FlashAttentionCUDA.apply(q, k, v, is_causal, s, 3, config)
+        check_attention(attn, q, k, v, is_causal=is_causal, grads=False)
+
+
+@gpu
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_hopper_tile_configs(load, version, d, is_causal):
+    """Every config v4 and v5 can launch (tiles, stages, ping-pong, three consumers: the benchmark
+    times them all) computes the same function, Nq != Nk and neither a multiple of a tile."""
+    m = load(7)
+    q, k, v = make_qkv(Nq=300, Nk=317, D=d, batch_shape=(1, 2), dtype=torch.bfloat16, device="cuda")
+    configs = m.V4_CONFIGS[d] if version == 4 else m.V5_CONFIGS[d]
+    for config in configs:
+        def attn(q, k, v, is_causal, scale, config=config):
+            s = d ** -0.5 if scale is None else scale
+            return m.FlashAttentionCUDA.apply(q, k, v, is_causal, s, version, config)
         check_attention(attn, q, k, v, is_causal=is_causal, grads=False)

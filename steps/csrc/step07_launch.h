@@ -24,6 +24,11 @@
 //                         tensor cores through shared-memory
 //                         descriptors (128-byte swizzle), P from
 //                         registers (128 x 64 tiles; own run)      434 (x1.24)  438 (x1.36)
+//   v5  step07_fwd_v5.cu  v4 warp-specialized (sm_90a only): TMA
+//                         loads by a producer warpgroup into an
+//                         mbarrier ring, two consumer warpgroups,
+//                         setmaxnreg 24/240 (128 x 128 tiles;
+//                         own run, 12-01)                           521 (x1.48)  537 (x1.66)
 //   backward (dQ, dK, dV; FLOPs counted as 2.5 x forward)
 //   v1  step07_bwd.cu     Delta, then dK/dV and dQ kernels, scalar
 //                         fp32 (any dtype)                          7 (x0.03)*   6 (x0.04)*
@@ -52,7 +57,7 @@ struct FwdParams {
     float scale;        // softmax scale, usually 1/sqrt(D)
     bool causal;        // top-left: query i sees keys j <= i
     DType dtype;
-    int config;         // v3, v4: which tile shape (0 = the default; see launch_d in their .cu)
+    int config;         // v3, v4, v5: which tile shape (0 = the default; see launch_d in their .cu)
 };
 
 struct BwdParams {
@@ -74,6 +79,7 @@ cudaError_t fwd_v1(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v2(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v3(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v4(const FwdParams& p, cudaStream_t stream);   // sm_90a only (wgmma)
+cudaError_t fwd_v5(const FwdParams& p, cudaStream_t stream);   // sm_90a only (wgmma, TMA, setmaxnreg)
 cudaError_t bwd(const BwdParams& p, cudaStream_t stream);       // scalar fp32 math, any dtype
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream);   // tensor cores, fp16/bf16
 
