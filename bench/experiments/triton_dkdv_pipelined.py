@@ -10,13 +10,23 @@ product in flight across the exponentials only in FlashAttention-3's deferred or
 the end of the iteration that forces a wait there ("defer-end"), at a register cost. Does the same trick apply to
 the dK/dV loop, and what does it cost in registers at the table's 32x64 w4 tiles and at 32x128 w8 (maxnreg 128)?
 
-Answer: not yet run on a GPU. The CPU evidence below (compile reports, no GPU) says: yes, with the wait at the
-step's end ptxas keeps a wgmma in flight under all 16 exponentials of a step (step 06: 0 of 16) -- but not the
-product the question names, and not within 128 registers. At the table's cap (maxnreg=128, 32x64 w4 and 32x128
-w8) every new form is serialized by ptxas (every wgmma waited before the next: C7512 "insufficient register
+Answer: no form pays; step 06's kernel stays as it is. Measured on one H200 (2026-12-01 ~19:15 UTC, torch
+2.11.0+cu130, Triton 3.6.0, commit c7087a7; results/h200/triton/dkdv_pipelined_1201_1915.json and .log), at the
+leaderboard shape causal (the one shape timed; every timed row's dK and dV bitwise step 06's at the same tiles,
+B=2 H=16 N=1008; the check phase reached its deadline with 13 non-causal checks unfinished): step 06's dK/dV
+kernel at its table 2.249 ms (2.360 at the run's end), the control (its copy at 32x64 w4 r128) 2.186 (1.03x).
+Every pipelined form is slower. pipe and pipe-end 0.63-0.90x step 06: the fastest, pipe 32x128 w8 r128, 2.492 ms
+(0.90x; serialized by ptxas); pipe-end 32x64 w4 r168 -- three programs per SM, no spills, 16 of 16 exponentials
+under a wgmma -- 2.886 (0.78x); pipe-end 32x64 w4 (two per SM) 3.087 (0.73x). defer and defer-end at the
+128-register cap 0.18-0.28x (8.08-12.53 ms: every wgmma serialized and 676-1052 B a thread reloaded from spills,
+as the compile report below predicted); uncapped or at r168 0.59-0.70x. The exponentials under dP's wgmma do not
+pay for the programs per SM they cost. The CPU evidence (compile reports, no GPU) that explains it: with the wait
+at the step's end ptxas keeps a wgmma in flight under all 16 exponentials of a step (step 06: 0 of 16) -- but
+not the product the question names, and not within 128 registers. At the table's cap (maxnreg=128, 32x64 w4
+and 32x128 w8) every new form is serialized by ptxas (every wgmma waited before the next: C7512 "insufficient register
 resources", or C7514 without the end wait) and spills; the overlap needs 187 registers at 32x64 w4 (two 4-warp
 programs per SM instead of four), 168 with a 168 cap and no spills (three per SM), 192 at 32x128 w8 (one 8-warp
-program per SM instead of two). Whether that trade pays is the GPU run's question.
+program per SM instead of two). The GPU run above says that trade does not pay.
 
 The kernel (``_dkdv_pipe_kernel``): step 06's ``_bwd_dkdv_kernel`` -- the same parameters in the same order, so
 every launch here is step 06's own launch (recorded from its ``backward()``: grid, arguments, options) with fresh

@@ -12,9 +12,22 @@ and does it pay? (``triton_fwd_overlap.py`` asked the first half for the simples
 in the unmasked stage only: no, Triton waits at once. This file tries the forms that Triton's rules allow,
 through both stages, reads ptxas's verdict and the SASS too, and prepares the timing.)
 
-Answer: not yet run on a GPU. The CPU evidence below (compile reports, no GPU) says Triton 3.6 *can* be made
-to keep the product in flight -- but not in the form (b) that the question names, only in FlashAttention-3's
-order with a dummy product that makes it wait before the loop's back edge, (d) below -- at a cost in registers.
+Answer: no form pays; step 05's kernel stays as it is. Measured on one H200 (2026-12-01 ~19:15 UTC, torch
+2.11.0+cu130, Triton 3.6.0, commit c7087a7; results/h200/triton/fwd_pipelined_1201_1915.json and .log): every
+row's O and LSE errors equal to step 05's at the same tiles (36 checks, B=2 H=16 N=1008), and every pipelined
+form slower than step 05's own kernel at every shape timed. At the leaderboard shape (B=1 H=16 N=16384 D=64 bf16
+causal) step 05's table ran 1.206 ms (1.283 ms at the run's end; cuDNN 1.214), the control at its tiles 1.303;
+pipe 128x64 w8 1.695 ms (0.71x step 05), defer 1.987 (0.61x), defer-f32 1.732 (0.70x), defer-end 128x64 w8 1.754
+(0.69x; at r128 1.778, 0.68x), defer-end 128x32 w8 1.729 (0.70x; its control at 128x32 1.540, 0.78x), defer-end
+64x64 w4 1.678 (0.72x) and the fastest, defer-end 64x64 w4 r168, 1.567 (0.77x; its control 1.395). Not causal:
+step 05 2.465 ms, the best pipelined form 0.81x (defer-end 64x64 w4 r168, 3.045). D=128: the best is defer-end
+128x64 w8, 0.885x step 05 causal (2.481 against 2.196 ms) and 0.899x not (4.771 against 4.288). At the same
+tiles and the same programs per SM the overlap form still loses to its control (128x32 w8, two per SM: 0.89x;
+64x64 w4 r168 against 64x64 w4: 0.89x): the wgmma kept in flight does not buy back its extra work and registers
+where a second program per SM already fills the gaps. The CPU evidence below (compile reports, no GPU) says
+why the forms look as they do: Triton 3.6 *can* be made to keep the product in flight -- but not in the form (b)
+that the question names, only in FlashAttention-3's order with a dummy product that makes it wait before the
+loop's back edge, (d) below -- at a cost in registers.
 
 The kernel (``_fwd_pipe_kernel``): step 05's ``_attn_fwd_kernel`` (its helpers ``load_tile``, ``store_tile``,
 ``key_range``, ``finish_rows`` and, for the control, ``_fwd_inner``, imported from solutions/), the same causal
@@ -84,9 +97,9 @@ at step 05's 128x64 tiles 184 registers, one 8-warp program per SM (step 05: two
 a 128-register cap; at 128x32 tiles 124 registers, no spills, two programs per SM (17 of 18 in flight); at
 64x64 on 4 warps 190 registers (two 4-warp programs), 164 at a 168 cap (three). Not causal and D=128 alike
 (D=128: 255 registers at 128x64, 170 at 128x32; step 05's own 128x128 table tile is already at 255 with 4 B
-spilled causal). Whether any of it pays is the GPU's question: the overlap inside one program against the
-second program per SM that step 05 uses to fill the same gaps. Not tried here: Gluon (``triton.experimental.gluon``,
-in Triton 3.6: ``warpgroup_mma(..., is_async=True)``, ``warpgroup_mma_wait(num_outstanding=...)``), which states the
+spilled causal). Whether any of it pays was the GPU's question: the overlap inside one program against the
+second program per SM that step 05 uses to fill the same gaps; the answer above says it does not. Not tried
+here: Gluon (``triton.experimental.gluon``, in Triton 3.6: ``warpgroup_mma(..., is_async=True)``, ``warpgroup_mma_wait(num_outstanding=...)``), which states the
 waits by hand (the carried S would still need its back-edge copy after a wait, or the loop unrolled by two).
 
 How to run:
