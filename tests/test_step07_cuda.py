@@ -328,3 +328,27 @@ def test_hopper_tile_configs(load, version, d, is_causal):
             s = d ** -0.5 if scale is None else scale
             return m.FlashAttentionCUDA.apply(q, k, v, is_causal, s, version, config)
         check_attention(attn, q, k, v, is_causal=is_causal, grads=False)
+
+
+def test_refusal_is_cached_until_a_file_changes(tmp_path, monkeypatch):
+    """refuse_unwritten runs before every launch: once a file (and the step07_* headers it includes)
+    is found written it is not read again -- reading v5 and its header took ~1 ms a call, which made
+    the H200 grid's N = 4096 rows time the host -- but an edit that brings a STUDENT_TODO back, in
+    the file or in a header, is refused again."""
+    from attnlib.loader import load_step
+    impl = tmp_path / "impl"
+    shutil.copytree(impl_root(), impl, ignore=shutil.ignore_patterns("__pycache__"))
+    m = load_step(7, impl)
+    try:
+        m.refuse_unwritten("step07_fwd_v5.cu")
+    except NotImplementedError:
+        pytest.skip("this implementation's v5 is not written yet")
+    reads = []
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **kw: reads.append(self.name) or real(self, *a, **kw))
+    m.refuse_unwritten("step07_fwd_v5.cu")
+    assert reads == [], f"a written file was read again: {reads}"
+    header = impl / "csrc" / "step07_wgmma.cuh"
+    header.write_text(header.read_text().replace("    return desc;\n", "    STUDENT_TODO;\n    return desc;\n", 1))
+    with pytest.raises(NotImplementedError, match="Step 07: csrc/step07_wgmma.cuh:"):
+        m.refuse_unwritten("step07_fwd_v5.cu")
