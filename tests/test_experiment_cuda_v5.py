@@ -1,16 +1,19 @@
 """bench/experiments/cuda_v5.py: step 07's warp-specialized v5 forward (TMA + mbarrier ring, a producer
-warpgroup, two or three consumer warpgroups, setmaxnreg, optional ping-pong; an experiment, not course code).
+warpgroup, two or three consumer warpgroups, setmaxnreg, optional ping-pong), now the course's forward
+version 5 (solutions/csrc/step07_fwd_v5.cu), which the experiment times and compiles.
 
-On a CPU (skipped without nvcc / cuobjdump): bench/experiments/csrc/step07_fwd_v5.cu compiles for sm_90a
-with step 07's flags, and its machine code is what its header claims -- every instance spills nothing,
+On a CPU (skipped without nvcc / cuobjdump): the SOLUTION's solutions/csrc/step07_fwd_v5.cu -- never
+steps/, whose producer loop is a student stub, whatever --impl says -- compiles for sm_90a with the
+flags step07_cuda.build() uses, and its machine code is what its header claims -- every instance spills nothing,
 loads by TMA (UTMALDG), multiplies on HGMMA (no HMMA, no cp.async), holds the setmaxnreg pair (producer
 24, consumers 240, or 160 with three), and ptxas did not serialize its wgmma (no C7515). On a GPU (an sm_90a one): v5's O
-and LSE against the float64 reference at two small shapes.
+and LSE against the float64 reference at two small shapes, through step07_cuda's version 5.
 """
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,12 +22,28 @@ from bench.experiments import cuda_v5
 
 pytestmark = pytest.mark.step07
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_compile_report_reads_the_course_solution():
+    """The experiment keeps no kernel of its own, and its report is of the written solution."""
+    assert cuda_v5.V5_SOURCE == REPO / "solutions" / "csrc" / "step07_fwd_v5.cu"
+    assert cuda_v5.STEP07_DIR == REPO / "solutions"
+    text = cuda_v5.V5_SOURCE.read_text()
+    assert not any(ln.strip().startswith("STUDENT_TODO;") for ln in text.splitlines()), \
+        "solutions/csrc/step07_fwd_v5.cu holds a STUDENT_TODO: the report would measure a stub"
+    assert not (REPO / "bench" / "experiments" / "csrc" / "step07_fwd_v5.cu").exists(), \
+        "a diverging copy of v5 is back in bench/experiments/csrc"
+    assert set(cuda_v5.CONFIGS) == set(cuda_v5._step07().V5_CONFIGS[64]) == set(cuda_v5._step07().V5_CONFIGS[128])
+
 
 @pytest.fixture(scope="module")
 def report():
     if shutil.which("nvcc") is None or cuda_v5.cuobjdump() is None:
         pytest.skip("needs nvcc and cuobjdump (the CUDA toolkit, or Triton's copy) to read v5's machine code")
-    return cuda_v5.compile_report()
+    rep = cuda_v5.compile_report()
+    assert Path(rep["source"]) == cuda_v5.V5_SOURCE
+    return rep
 
 
 def test_v5_compiles_to_every_instance_without_spills(report):

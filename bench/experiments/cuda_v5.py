@@ -9,7 +9,8 @@ into an mbarrier-guarded ring of stages, two consumer warpgroups that only compu
 registers from the producer to the consumers, and the P V of one tile issued back to back with the
 Q K^T of the next -- close that gap (issue 17's 0.90x cuDNN)?
 
-Design (bench/experiments/csrc/step07_fwd_v5.cu; its header has the details). One CTA = 3
+Design (now the course's forward v5: solutions/csrc/step07_fwd_v5.cu, its header has the details;
+v4's descriptor and wgmma wrappers shared through solutions/csrc/step07_wgmma.cuh). One CTA = 3
 warpgroups, 384 threads, 128 query rows (config 5: 4 warpgroups, 192 rows):
   - warpgroup 0, the producer: setmaxnreg.dec to 24 registers; one thread loads Q once (TMA, one
     cp.async.bulk.tensor per 64-column block), then K_j and V_j into stage j % STAGES, each stage
@@ -33,12 +34,14 @@ warpgroups, 384 threads, 128 query rows (config 5: 4 warpgroups, 192 rows):
   only, causal tiles longest first, O and the natural-log LSE stored from registers, the contract
   (fp16/bf16, D 64/128, top-left causal, Nq != Nk). Not done: the intra-warpgroup overlap of the
   softmax of tile j with Q K^T of tile j+1, a TMA store of O, persistent CTAs, cluster multicast.
-  The binding (step07_v5_binding.cpp) could not be compiled here: this machine's torch is a CPU
-  build without the CUDA headers it includes (c10/cuda, cusparse.h); it is step07_binding.cpp's fwd,
-  narrowed.
+  The experiment first kept its own copy of the kernel and a binding (bench/experiments/csrc/, run
+  as below at c7087a7); since the kernel moved into the course unchanged (step07_cuda.py's forward
+  version 5, V5_CONFIGS, DEFAULT_CONFIG[5] = 2), this file runs and compiles the course's
+  solutions/csrc/step07_fwd_v5.cu and the copy is gone.
 
-Compile report (CPU, nvcc 13.0, sm_90a, the flags step07_cuda.py gives v4; `--compile-report`,
-2026-12-01), 24 kernel instances (2 dtypes x D 64/128 x 6 configs):
+Compile report (CPU, nvcc 13.0, sm_90a, the flags step07_cuda.py builds with; `--compile-report`,
+2026-12-01, the experiment's copy; the same figures from solutions/csrc/step07_fwd_v5.cu), 24 kernel
+instances (2 dtypes x D 64/128 x 6 configs):
   - spills: none; 0 bytes stack in every instance;
   - registers per role: ptxas reports 168 a thread (65536 / 384 at launch; 128 for config 5, 512
     threads); the SASS holds USETMAXREG.DEALLOC 0x18 (producer: 24) and USETMAXREG.TRY_ALLOC 0xf0
@@ -56,11 +59,38 @@ tests/test_experiment_cuda_v5.py checks each of these; it was seen failing with 
 by a plain shared store (0 UTMALDG) and on this file's first version (P V in flight across the back
 edge: C7515, 16 DEPBAR), then passing again.
 
-Answer: not yet run on a GPU.
+Answer (H200, 2026-12-01 19:14 UTC, c7087a7, the experiment's copy of the kernel, identical to the
+course's but for comments, the STUDENT markers and the namespaces; results/h200/step07_v5/
+cuda_v5.json, cuda_v5.log, cuda_v5_stdout.log; 103 s): yes, most of it.
+  - right: 336/336 reference cases (O and LSE against float64; bf16 and fp16, D 64/128, causal and
+    not, Nq != Nk, every config); compute-sanitizer memcheck 0 errors, racecheck 0 hazards;
+  - speed (bf16, N 4k/8k/16k, B = 16384/N, H = 2048/D; TFLOP/s and the ratio to cuDNN's SDPA in
+    the same run):
+      config                      D=64 not causal  D=64 causal  D=128 not causal  D=128 causal
+      v4 (128x64, its default)    0.87-0.89x       0.86-0.90x   0.70-0.71x        0.68-0.76x
+      v5 0  128x64, 2 stages      0.76-0.79x       0.77-0.82x   0.81-0.83x        0.79-0.88x
+      v5 1  128x64, 4 stages      0.76-0.80x       0.77-0.83x   0.72-0.74x        0.71-0.79x
+      v5 2  128x128, 2 stages     0.91-0.94x       0.92-0.98x   0.85-0.87x        0.84-0.95x
+      v5 3  0 + ping-pong         0.77-0.80x       0.77-0.84x   0.79-0.82x        0.80-0.90x
+      v5 4  2 + ping-pong         0.89-0.92x       0.88-0.89x   0.87-0.95x        0.83-0.94x
+      v5 5  three consumers       0.86-0.91x       0.82-0.91x   0.82-0.83x        0.78-0.87x
+      SDPA FLASH                  0.65-0.67x       0.67-0.68x   0.54-0.57x        0.54-0.57x
+    Config 2 is the best overall: 416-429 / 381-428 TFLOP/s at D=64, 519-534 / 472-537 at D=128
+    (0.84-0.98x cuDNN, against v4's 0.68-0.90x), the fastest v5 at every D=64 shape. Config 4
+    (ping-pong, 128x128) is the best at D=128 without a mask (531-580 TFLOP/s, 0.87-0.95x) and
+    within a few percent of config 2 elsewhere at D=128; ping-pong at 128x64 (config 3) and 4 stages
+    (config 1) do not pay; 128x64 tiles lose to v4 at D=64 (0.76-0.84x against 0.86-0.90x).
+  - so v5 is in the course: solutions/csrc/step07_fwd_v5.cu, step07_cuda.py's forward version 5
+    (attention(..., version=5) runs config 2, DEFAULT_CONFIG[5]; FlashAttentionCUDA.apply(q, k, v,
+    is_causal, scale, 5, config) any of V5_CONFIGS), with one student region (the producer's loads).
+    This file now times and checks that kernel; a rerun measures the course's build.
+  Open: the remaining 2-16% (the softmax under the next Q K^T inside one warpgroup, a TMA store of O,
+  persistent CTAs).
 
 What it does on a GPU (each part in its own try/except, the JSON rewritten after every part):
-  1. build the experiment's extension (step07_v5_binding.cpp + step07_fwd_v5.cu, sm_90a only);
-  2. v5 against the float64 reference (attnlib.checks: O and the LSE), bf16 and fp16, D 64 and 128,
+  1. build step 07's extension from solutions/ (step07_cuda.build(): v1-v5 and the backward);
+  2. v5 (the course's forward version 5: FlashAttentionCUDA.apply(..., 5, config) for O, fwd_op for
+     the LSE) against the float64 reference (attnlib.checks), bf16 and fp16, D 64 and 128,
      causal and not, (Nq, Nk) in (1, 1), (77, 77), (128, 128), (1000, 1000), (300, 700), (700, 300),
      (4096, 4096), every config (336 cases);
   3. timing (triton.testing.do_bench, median; every implementation first checked against v4's output
@@ -69,20 +99,19 @@ What it does on a GPU (each part in its own try/except, the JSON rewritten after
      count 4*B*H*N*N*D (halved for causal), ratio to cuDNN from the same run;
   4. ``--sanitize``: a small case (N = 77 and 300, both D, causal and not, every config) in a child
      process under compute-sanitizer memcheck, then racecheck.
-A watchdog stops starting new timing rows after --budget-s (default 150 s), so the whole run should
-stay under 4 minutes on an H200, both builds included (an estimate from v4's run of the same shape:
-not measured).
+A watchdog stops starting new timing rows after --budget-s (default 150 s), so the whole run stays
+under 4 minutes on an H200 (103 s with --budget-s 110 on 12-01, two builds then; one now).
 
 Usage (repo root):
-    python bench/experiments/cuda_v5.py --out $OUT/v5 --sanitize     # the GPU run for next session (H200)
+    python bench/experiments/cuda_v5.py --out $OUT/v5 --sanitize     # the GPU run (an H200)
     python bench/experiments/cuda_v5.py --compile-report               # no GPU: registers, spills, SASS counts
-Test: tests/test_experiment_cuda_v5.py (the compile report's claims on a CPU; the reference check on a GPU).
+Test: tests/test_experiment_cuda_v5.py (the compile report's claims on a CPU, on solutions/csrc/step07_fwd_v5.cu;
+the reference check on a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -100,12 +129,13 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-CSRC = Path(__file__).resolve().parent / "csrc"
-STEP07_CSRC = REPO / "solutions" / "csrc"
-SOURCES = ["step07_v5_binding.cpp", "step07_fwd_v5.cu"]
-HEADERS = ["step07_v5_wgmma.cuh"]
-STEP07_HEADERS = ["step07_launch.h", "step07_common.cuh"]
-CONFIGS = (0, 1, 2, 3, 4, 5)        # launch_d in step07_fwd_v5.cu
+# The course's step 07, always the SOLUTION (its student region written): never steps/, whose
+# producer loop is a stub, and never $ATTN_IMPL's choice.
+STEP07_DIR = REPO / "solutions"
+STEP07_CSRC = STEP07_DIR / "csrc"
+V5_SOURCE = STEP07_CSRC / "step07_fwd_v5.cu"
+VERSION = 5                          # step07_cuda's forward version of this kernel
+CONFIGS = (0, 1, 2, 3, 4, 5)        # launch_d in step07_fwd_v5.cu (step07_cuda.V5_CONFIGS)
 # config -> (BN, stages, consumer warpgroups, ping-pong); BM = 64 x consumers.
 CONFIG_SHAPES = {0: (64, 2, 2, False), 1: (64, 4, 2, False), 2: (128, 2, 2, False), 3: (64, 2, 2, True),
                  4: (128, 2, 2, True), 5: (64, 2, 3, False)}
@@ -115,7 +145,6 @@ CONSUMER_REGS = {2: 240, 3: 160}    # setmaxnreg.inc of the consumers, by their 
 LOG = None
 RESULT: dict = {"parts": {}}
 OUT: Path | None = None
-_EXT = None
 
 
 def log(*a):
@@ -151,17 +180,22 @@ def part(name):
 
 
 def _step07():
+    """solutions/step07_cuda.py of this checkout (the path, not "solutions": attnlib may be installed
+    from another checkout, and its "solutions" is that one's)."""
     from attnlib.loader import load_step
-    return load_step(7, "solutions")
+    return load_step(7, STEP07_DIR)
 
 
 # ---------------------------------------------------------------- the compile report (CPU)
 
-# The flags tests/test_step07_cuda.py compiles step 07 with (those cpp_extension gives nvcc, plus
-# step07_cuda.NVCC_FLAGS' -O3 --use_fast_math), for sm_90a.
-NVCC_CHECK_FLAGS = ["-std=c++17", "-O3", "--use_fast_math", "-D__CUDA_NO_HALF_OPERATORS__",
-                    "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-                    "-D__CUDA_NO_HALF2_OPERATORS__"]
+def nvcc_flags(arch: str = "sm_90a") -> list[str]:
+    """The flags step07_cuda.build() gives nvcc: cpp_extension's own (-std=c++17, the
+    __CUDA_NO_HALF*/BFLOAT16 defines, --expt-relaxed-constexpr), step07_cuda.NVCC_FLAGS (-O3
+    --use_fast_math -lineinfo) and the -gencode of ``arch`` (step07_cuda.arch_flags((9, 0)) for sm_90a)."""
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+    s7 = _step07()
+    gencode = s7.arch_flags((9, 0)) if arch == "sm_90a" else [f"-gencode=arch=compute_{arch[3:]},code={arch}"]
+    return ["-std=c++17", *COMMON_NVCC_FLAGS, *s7.NVCC_FLAGS, *gencode]
 
 
 def cuobjdump() -> str | None:
@@ -178,17 +212,18 @@ def cuobjdump() -> str | None:
 
 
 def compile_v5(workdir: Path, src: Path | None = None, arch: str = "sm_90a") -> tuple[str, str]:
-    """nvcc step07_fwd_v5.cu (or ``src``) to a cubin with -Xptxas -v; return (ptxas report, SASS).
+    """nvcc the course's solutions/csrc/step07_fwd_v5.cu (or ``src``, a modified copy: its step07_*
+    headers still come from solutions/csrc) to a cubin with -Xptxas -v; return (ptxas report, SASS).
     RuntimeError with nvcc's stderr when it does not compile."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise FileNotFoundError("nvcc is not on PATH")
+    src = Path(src) if src is not None else V5_SOURCE
     cub = workdir / "v5.cubin"
-    r = subprocess.run([nvcc, *NVCC_CHECK_FLAGS, f"-gencode=arch=compute_{arch[3:]},code={arch}", "-Xptxas", "-v",
-                        f"-I{STEP07_CSRC}", f"-I{CSRC}", "-cubin", str(src or CSRC / "step07_fwd_v5.cu"),
+    r = subprocess.run([nvcc, *nvcc_flags(arch), "-Xptxas", "-v", f"-I{STEP07_CSRC}", "-cubin", str(src),
                         "-o", str(cub)], capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {src or 'step07_fwd_v5.cu'}:\n{r.stderr[-4000:]}")
+        raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-4000:]}")
     tool = cuobjdump()
     if tool is None:
         raise FileNotFoundError("no cuobjdump (CUDA toolkit or Triton's copy)")
@@ -237,62 +272,37 @@ def parse_report(report: str, sass: str) -> dict:
 
 
 def compile_report(src: Path | None = None) -> dict:
+    """parse_report of compile_v5(src); ``source`` says which file was compiled."""
     with tempfile.TemporaryDirectory() as d:
         report, sass = compile_v5(Path(d), src)
-    return parse_report(report, sass)
+    return {"source": str(Path(src) if src is not None else V5_SOURCE), **parse_report(report, sass)}
 
 
 # ---------------------------------------------------------------- the GPU side
 
-def build(verbose: bool = False):
-    """Compile (or load from the cache) the experiment's extension, sm_90a only."""
-    global _EXT
-    if _EXT is not None:
-        return _EXT
+def _require_sm90a():
     if not torch.cuda.is_available():
         raise RuntimeError("v5 needs a GPU (an H100/H200)")
     cap = torch.cuda.get_device_capability()
     if tuple(cap) != (9, 0):
         raise RuntimeError(f"v5 (wgmma, TMA, setmaxnreg) needs an sm_90a GPU; this one is {cap[0]}.{cap[1]}")
-    from torch.utils.cpp_extension import load
-    s7 = _step07()
-    flags = s7.NVCC_FLAGS + s7.arch_flags(cap)          # v4's flags: -O3 --use_fast_math -lineinfo, sm_90a
-    h = hashlib.sha256()
-    for d, names in ((CSRC, SOURCES + HEADERS), (STEP07_CSRC, STEP07_HEADERS)):
-        for name in names:
-            h.update(name.encode() + b"\0" + (d / name).read_bytes())
-    h.update(" ".join(flags).encode() + torch.__version__.encode())
-    name = f"attn_step07_v5_{h.hexdigest()[:12]}"
-    root = Path(os.environ.get("ATTN_BUILD_DIR", Path.home() / ".cache" / "attn-course"))
-    build_dir = root / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    _EXT = load(name=name, sources=[str(CSRC / s) for s in SOURCES], extra_cflags=["-O3"],
-                extra_cuda_cflags=flags, extra_include_paths=[str(STEP07_CSRC), str(CSRC)],
-                build_directory=str(build_dir), verbose=verbose)
-    return _EXT
-
-
-def _flat(t):
-    t = t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
-    if t.data_ptr() % 16:
-        t = t.clone()
-    return t
 
 
 def v5_fwd(q, k, v, is_causal=False, scale=None, config=0):
-    """(O, LSE) of v5: O (..., Nq, D) in q's dtype, LSE float32 (..., Nq); no autograd."""
+    """(O, LSE) of the course's forward v5 at ``config``: step07_cuda.fwd_op(q, k, v, is_causal,
+    scale, 5, config); O (..., Nq, D) in q's dtype, LSE float32 (..., Nq); no autograd."""
     s = q.shape[-1] ** -0.5 if scale is None else float(scale)
     with torch.no_grad():
-        o, lse = build().fwd(_flat(q), _flat(k), _flat(v), bool(is_causal), s, int(config))
-    return o.view(q.shape), lse.view(q.shape[:-1])
+        return _step07().fwd_op(q, k, v, bool(is_causal), s, VERSION, int(config))
 
 
 def check_case(q, k, v, causal, config):
     """Raise (attnlib's report) unless v5's O and LSE match the float64 reference."""
     from attnlib.checks import check_attention, check_lse
+    s7 = _step07()
 
-    def attn(q, k, v, is_causal, scale):
-        return v5_fwd(q, k, v, is_causal, scale, config)[0]
+    def attn(q, k, v, is_causal, scale):      # the course's entry point, its input checks included
+        return s7.FlashAttentionCUDA.apply(q, k, v, is_causal, scale, VERSION, config)
     check_attention(attn, q, k, v, is_causal=causal, grads=False)
     check_lse(v5_fwd(q, k, v, causal, None, config)[1], q, k, v, is_causal=causal)
 
@@ -355,16 +365,15 @@ def main():
     RESULT["meta"]["capability"] = torch.cuda.get_device_capability()
     log(f"GPU {RESULT['meta']['gpu']} {RESULT['meta']['capability']}, torch {torch.__version__}")
     s7 = _step07()
+    RESULT["meta"]["step07_module"] = s7.__file__
 
     @part("1 build")
     def build_part():
+        _require_sm90a()
         t0 = time.time()
-        ext = build()
-        log(f"v5 built in {time.time() - t0:.1f} s: {ext.__file__}")
-        t1 = time.time()
-        s7.build()
-        log(f"step 07 (v4) built in {time.time() - t1:.1f} s")
-        return {"build_s": round(time.time() - t0, 1)}
+        ext = s7.build()
+        log(f"step 07 (solutions/: v1-v5, the backward) built in {time.time() - t0:.1f} s: {ext.__file__}")
+        return {"build_s": round(time.time() - t0, 1), "module": ext.__file__}
     build_part()
 
     @part("2 correctness")
