@@ -122,7 +122,7 @@ RELEASE_FILES = [
     # ... and what the notebooks read (tests/test_release.py checks the list covers it).
     "results/h200/triton_gpu.json", "results/h200/triton_gpu_tuning.json", "results/h200/triton_leaderboard_sweep.json",
     "results/h200/step07_ptxas.txt", "results/h200/step07_ncu_v3_vs_sdpa_flash.txt",
-    "results/h200/step07_v4/ncu/summary.json",
+    "results/h200/step07_v4/ncu/summary.json", "results/h200/step07_v5/cuda_v5.json",
     "results/h200/gpu-check/cs336_harness*.json", "results/h200/gpu-check/summary*.json",
     "results/h200/varlen/*.json", "results/h200/sparse/*.json", "results/h200/ring/ring.json",
     "results/h200/ring/ring.png", "results/h200/ring/README.md", "results/h200/host/*.json", "results/h200/host/README.md",

@@ -17,7 +17,7 @@
 # # Step 07 — FlashAttention in hand-written CUDA, from the first kernel to tensor cores
 #
 # The algorithm of steps 04–06, once more, now as CUDA C++ kernels built into PyTorch with
-# `torch.utils.cpp_extension`. Six kernels, each kept, each checked against the float64 reference before
+# `torch.utils.cpp_extension`. Seven kernels, each kept, each checked against the float64 reference before
 # it is timed (the `dev/cuda` habit of llm.c):
 #
 # | file (`steps/csrc/`) | version | what changes |
@@ -25,7 +25,8 @@
 # | `step07_fwd_v1.cu` | forward v1 | the source material's structure: Q/K/V tiles in shared memory, one thread per query row, online softmax state in registers, scalar fp32 |
 # | `step07_fwd_v2.cu` | forward v2 | tensor cores: `mma.sync` m16n8k16 in fp16/bf16 with fp32 accumulation; P goes back to the tensor cores from registers |
 # | `step07_fwd_v3.cu` | forward v3 | `cp.async` double buffering, `ldmatrix`, XOR-swizzled shared memory, 32 rows per warp, base-2 softmax, causal tiles scheduled longest first |
-# | `step07_fwd_v4.cu` | forward v4 | v3 on Hopper's `wgmma` (sm_90a only): warpgroups of 64 rows, Q/K/V read by the tensor cores through shared-memory descriptors, P from registers |
+# | `step07_fwd_v4.cu` | forward v4 | v3 on Hopper's `wgmma` (sm_90a only): warpgroups of 64 rows, Q/K/V read by the tensor cores through shared-memory descriptors, P from registers (descriptors and `wgmma` wrappers in `step07_wgmma.cuh`, shared with v5) |
+# | `step07_fwd_v5.cu` | forward v5 | v4 warp-specialized (sm_90a only): TMA loads by a producer warpgroup into an mbarrier ring, two consumer warpgroups, `setmaxnreg`, optional ping-pong |
 # | `step07_bwd.cu` | backward v1 | Delta, then a dK/dV kernel and a dQ kernel, scalar fp32 |
 # | `step07_bwd_mma.cu` | backward v2 | the same split on tensor cores |
 #
@@ -281,10 +282,11 @@ show(["sdpa-flash", "step07-v2", "step07-v3"], D=64)
 #
 # v4 is 1.27-1.29x v3 at D = 64 and 1.26-1.39x at D = 128, and passes SDPA-FLASH everywhere; cuDNN keeps
 # 12-31% through what v4 does not have yet (TMA, warp specialization, softmax overlapped with the next
-# product; section 7 reads it in the profiler). The region you write is the descriptor itself:
+# product; section 7 reads it in the profiler). The region you write is the descriptor itself, in
+# `step07_wgmma.cuh` (the descriptor and `wgmma` wrappers v4 and v5 share):
 
 # %%
-print(region("step07_fwd_v4.cu", "pack the start address"))
+print(region("step07_wgmma.cuh", "pack the start address"))
 if on_gpu and torch.cuda.get_device_capability() == (9, 0):
     check_version(4, (torch.float16, torch.bfloat16))
 else:
@@ -481,6 +483,149 @@ fig.suptitle(f"{pm['gpu']}, {pm['date']}: forward, bf16, N=16384, not causal, nc
 # producer warp with a barrier per stage instead of one for the whole CTA. These counters do not say on which
 # instruction v4's warps wait; ncu's source view (`--set full`, with the `-lineinfo` the build passes) would.
 #
+# ### Forward v5: warp specialization (H100/H200 only)
+#
+# v5 (`step07_fwd_v5.cu`) keeps v4's layout, descriptors and `wgmma` wrappers and splits the CTA's warps
+# by **role**, as FlashAttention-3's Hopper forward does. A CTA is three warpgroups (384 threads; four in config 5),
+# one CTA an SM:
+#
+# - **The producer** (warpgroup 0) only loads. One elected thread issues **TMA** copies
+#   (`cp.async.bulk.tensor`: the Tensor Memory Accelerator copies a whole 64-column block of a tile from
+#   global to shared memory, forms the addresses and applies v4's 128-byte swizzle itself, and zero-fills rows
+#   past the sequence's end). It loads Q once, then K and V tile by tile into a **ring** of `STAGES`
+#   shared-memory stages.
+# - **The consumers** (warpgroups 1 and 2, 64 query rows each, as v4's two warpgroups) only compute: the
+#   `wgmma` products, the mask, the online softmax.
+#
+# They meet on **mbarriers**, shared-memory barrier objects with a phase bit, two kinds per stage and tensor:
+#
+# - *full*: the producer arms it with `mbarrier.arrive.expect_tx` ("one arrival, and this many bytes to
+#   come"); the TMA unit counts the bytes as they land (`complete_tx`), and the phase completes when all have.
+#   A consumer waits on it (`try_wait.parity`) before it reads the stage.
+# - *empty*: each of the 256 consumer threads arrives once it is done with the tile; the producer waits on it
+#   before it overwrites the stage. Tile j uses stage `j % STAGES`, and the parity to wait for flips every
+#   time round the ring. There is no `__syncthreads` in the main loop.
+#
+# **`setmaxnreg`** moves registers between roles: all 384 threads start with what the launch gives them
+# (168 each with two consumers), then the producer drops to 24 (`setmaxnreg.dec`) and the consumers rise to 240
+# (`setmaxnreg.inc`): 128 x 24 + 256 x 240 = 64512 of the SM's 65536, where v4's 256 threads had 255 at most.
+# Inside a consumer, iteration j issues O += P_{j-1} V_{j-1} and S = Q K_j^T back to back and waits once for
+# both. **Ping-pong** (configs 3 and 4) adds FlashAttention-3's schedule between the two consumers: two named
+# barriers hand a turn back and forth, and a consumer issues its `wgmma` batch only in its turn, passing
+# the turn on right after issuing, so the tensor cores run one warpgroup's products while the other does its
+# softmax. Config 5 instead has three consumers (192-row tiles, 160 registers each).
+#
+# The pieces, read from the file at run time (your copy with IMPL = "steps"):
+
+# %%
+from attnlib.loader import impl_root
+
+def excerpt(file, start, n=1):
+    """n lines of csrc/<file> (in the folder IMPL names) from the first line containing `start`."""
+    lines = (impl_root(IMPL) / "csrc" / file).read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if start in line)
+    return "\n".join(f"{i + 1 + k:4d}  {line}" for k, line in enumerate(lines[i:i + n]))
+
+V5 = "step07_fwd_v5.cu"
+print("// the configs' register split\n" + excerpt(V5, "static constexpr int PRODUCER_REGS", 3))
+print("\n// one full and one empty barrier per stage for K and for V (arrivals expected: 1 producer, 128 a consumer)\n"
+      + excerpt(V5, "for (int s = 0; s < STAGES; ++s) {", 6))
+print("\n// the producer arms a full barrier with its byte count ...\n" + excerpt(V5, "void mbar_expect_tx", 3))
+print("\n// ... and TMA's copy completes the bytes on it\n" + excerpt(V5, "void tma_load_3d", 6))
+print("\n// the roles part: the producer gives registers back, the consumers take them\n"
+      + excerpt(V5, "regs_dec<Cfg::PRODUCER_REGS>", 1) + "\n" + excerpt(V5, "regs_inc<Cfg::CONSUMER_REGS>", 1))
+print("\n// a consumer, once its products are done, releases the stage to the producer\n"
+      + excerpt(V5, "mbar_arrive(empty_k(st))", 2))
+print("\n// ping-pong: wait for my turn, issue, hand the turn over\n"
+      + excerpt(V5, "named_sync(1 + cw, 256)", 1) + "\n" + excerpt(V5, "named_arrive(2 - cw, 256)", 1))
+
+# %% [markdown]
+# The region you write is the producer's loop body: wait for the stage to be free, arm its full barrier,
+# issue the TMA loads.
+
+# %%
+print(region("step07_fwd_v5.cu", "wait until the consumers have released stage st"))
+if on_gpu and torch.cuda.get_device_capability() == (9, 0):
+    check_version(5, (torch.float16, torch.bfloat16))
+else:
+    print("v5 runs on sm_90 (H100/H200) only: skipped here")
+
+# %% [markdown]
+# `bench/experiments/cuda_v5.py --sanitize` checked and timed it on the H200 (2026-12-01, the tree of c7087a7,
+# `results/h200/step07_v5/`, whose README has the tables): 336 of 336 cases against the float64 reference
+# (bf16/fp16, both D, causal and not, every config, Nq != Nk among them), compute-sanitizer memcheck and
+# racecheck clean. Its timing, one run, every config as a ratio to cuDNN timed in the same run (bf16,
+# B = 16384 / N, H = 2048 / D):
+
+# %%
+v5run = json.loads((RESULTS / "step07_v5" / "cuda_v5.json").read_text())
+vm, vp = v5run["meta"], v5run["parts"]
+print(f"recorded: {vm['gpu']}, torch {vm['torch']}, CUDA {vm['cuda']}, {vm['date_utc']}, git {vm['git']}; "
+      f"reference {vp['2 correctness']['n'] - vp['2 correctness']['n_fail']}/{vp['2 correctness']['n']}, "
+      f"memcheck rc {vp['4 sanitize']['memcheck']['rc']}, racecheck rc {vp['4 sanitize']['racecheck']['rc']}")
+v5rows = sorted(vp["3 timing"]["rows"], key=lambda r: (r["D"], r["causal"], r["N"]))
+v5impls = ["v4"] + [f"v5-c{c}" for c in range(6)]
+v5names = {"v4": "v4 (128x64, cp.async)", "v5-c0": "c0 128x64, 2 stages", "v5-c1": "c1 128x64, 4 stages",
+           "v5-c2": "c2 128x128 (default)", "v5-c3": "c3 128x64 ping-pong", "v5-c4": "c4 128x128 ping-pong",
+           "v5-c5": "c5 192x64, 3 consumers"}
+fig, axes = plt.subplots(1, 2, figsize=(16, 4.2), sharey=True)
+width = 0.8 / len(v5impls)
+for ax, D in zip(axes, (64, 128)):
+    rs = [r for r in v5rows if r["D"] == D]
+    for i, impl in enumerate(v5impls):
+        ax.bar([j + (i - (len(v5impls) - 1) / 2) * width for j in range(len(rs))], [r["x_cudnn"][impl] for r in rs],
+               width, label=v5names[impl], color="gray" if impl == "v4" else None)
+    ax.axhline(1.0, color="k", lw=0.8); ax.axhline(0.9, color="k", lw=0.8, ls=":")
+    ax.set_xticks(range(len(rs)), [f"N={r['N']}\n{'causal' if r['causal'] else 'full'}" for r in rs], fontsize=8)
+    ax.set_title(f"D={D}"); ax.set_ylim(0.6, 1.02)
+axes[0].set_ylabel("x cuDNN (same run)"); axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+fig.suptitle(f"{vm['gpu']}, {vm['date_utc']}: forward v4 and v5 configs 0-5, bf16, ratio to cuDNN (one run)")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Technique by technique: each ratio of TFLOP/s isolates one change between two configs (the range is over
+# N = 4096-16384):
+
+# %%
+def tfl(impl, D, causal):
+    return [r["tflops"][impl] for r in v5rows if (r["D"], r["causal"]) == (D, causal)]
+
+deltas = [("v5-c0", "v4", "TMA + producer + setmaxnreg (128x64; c0 vs v4)"),
+          ("v5-c1", "v5-c0", "4 stages instead of 2 (c1 vs c0)"),
+          ("v5-c2", "v5-c0", "128x128 tiles (c2 vs c0)"),
+          ("v5-c3", "v5-c0", "ping-pong at 128x64 (c3 vs c0)"),
+          ("v5-c4", "v5-c2", "ping-pong at 128x128 (c4 vs c2)"),
+          ("v5-c5", "v5-c0", "three consumers (c5 vs c0)"),
+          ("v5-c2", "v4", "v5's default against v4 (c2 vs v4)")]
+shapes = [(64, False), (64, True), (128, False), (128, True)]
+print(f"{'':48s}" + "".join(f"{'D=%d %s' % (D, 'causal' if c else 'full'):>16s}" for D, c in shapes))
+for a, b, what in deltas:
+    cells = []
+    for D, c in shapes:
+        x = [p / q for p, q in zip(tfl(a, D, c), tfl(b, D, c))]
+        cells.append(f"{min(x):.2f}-{max(x):.2f}x".rjust(16))
+    print(f"{what:48s}" + "".join(cells))
+
+# %% [markdown]
+# What it says (one run: a few percent between two configs is within what a second run could move):
+#
+# - **TMA, the producer and `setmaxnreg`** (config 0 against v4 at the same 128 x 64 tiles) pay at D = 128,
+#   +15-17%, and cost 9-13% at D = 64. Config 0 runs one CTA an SM by construction; at D = 64 v4's 128 x 64
+#   tiles ran two (15.8 warps an SM in the ncu profile above), which is one reading of the loss, not a
+#   measurement: v5 has not been profiled.
+# - **Four stages** (config 1) buy nothing at D = 64 and cost 10-11% at D = 128: two stages already keep the
+#   consumers fed.
+# - **128 x 128 tiles** (config 2) are the largest step, +18-20% at D = 64 and +3-8% at D = 128, where in v4
+#   the same tiles lost (they cost v4 its second CTA an SM; v5 has one either way). Config 2 is v5's default:
+#   0.91-0.98x cuDNN at D = 64, 0.84-0.95x at D = 128, against v4's 0.86-0.90x and 0.68-0.76x in the same run.
+# - **Ping-pong** pays only at D = 128 without a mask, on 128 x 128 tiles (config 4: 0.94-0.95x cuDNN at
+#   N = 4096 and 16384, but level with config 2 at N = 8192); elsewhere it is within a few percent, or costs
+#   up to 9% (D = 64 causal).
+# - **Three consumers** (config 5) help at D = 64 against config 0 (+7-15%) but stay below config 2.
+#
+# Still missing against cuDNN and FlashAttention-3: the softmax of tile j under the Q K^T of tile j+1 inside one
+# warpgroup, a TMA store of O, persistent CTAs, cluster multicast of K and V.
+#
 # ## 8. The backward
 #
 # $$dV = P^\top dO,\quad dP = dO\,V^\top,\quad dS = P \circ (dP - \Delta),\ \Delta_i = \textstyle\sum_d dO_{id} O_{id},
@@ -543,13 +688,14 @@ show(["sdpa-flash", "step07-bwd1", "step07-bwd2"], mode="bwd")
 # | forward v2, `mma.sync` | 55 TFLOP/s | ≈ 6× |
 # | forward v3, `cp.async` + `ldmatrix` + swizzle + 32 rows/warp | 340 TFLOP/s, 0.97× SDPA-FLASH | ≈ 6× |
 # | forward v4, `wgmma` from shared-memory descriptors (sm_90a), 128 x 64 tiles | 434 TFLOP/s, 0.71× cuDNN, 1.24× SDPA-FLASH | ≈ 1.3× |
+# | forward v5, TMA + producer/consumer warpgroups + `setmaxnreg` (sm_90a), 128 x 128 tiles (config 4: ping-pong) | 521 TFLOP/s, 0.85× cuDNN (config 4: 580, 0.95×) | ≈ 1.2× (1.3×) |
 # | backward v1, scalar | 6.8 TFLOP/s (N=1024) | — |
 # | backward v2, `mma.sync` | 231 TFLOP/s, 0.75× SDPA-FLASH | ≈ 34× |
 #
-# What is left, for the curious: beyond v4's `wgmma`, Hopper's TMA copy engine, warp specialization and
-# the overlap of softmax with the next product are what FlashAttention-3 adds (its paper reports up to about 740 TFLOP/s in
-# fp16 on an H100); a persistent grid would help causal load balance; the 48-byte spill of v3 sits in the
-# prefetch path.
+# What is left, for the curious: v5 has FlashAttention-3's TMA loads, warp specialization and ping-pong;
+# not yet its overlap of one tile's softmax with the next tile's Q K^T inside a warpgroup, its TMA store of O,
+# persistent CTAs or cluster multicast (its paper reports up to about 740 TFLOP/s in fp16 on an H100); a
+# persistent grid would also help causal load balance; the 48-byte spill of v3 sits in the prefetch path.
 #
 # To check your own kernels on a GPU:
 #
