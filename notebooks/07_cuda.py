@@ -728,3 +728,7 @@ show(["sdpa-flash", "step07-bwd1", "step07-bwd2"], mode="bwd")
 #    pad, for $D = 64$?
 # 2. Version 3 copies the next key tile with `cp.async` into a second buffer while it computes on the
 #    current one. What does that overlap buy, and when does it stop helping?
+# 3. In version 5 the producer waits on `empty_k(st)` for parity `ph ^ 1` before it loads tile $j$ into
+#    stage `st`. On its first pass over the ring no consumer has arrived on any empty barrier yet: why
+#    does that wait return at once? And what would go wrong if the producer skipped the empty waits on
+#    its later passes?
