@@ -1,0 +1,462 @@
+"""Experiment: step 07's dK/dV backward kernel on Hopper's wgmma (bench/experiments/csrc/step07_bwd_wgmma.cu).
+
+Question. Step 07's fwd+bwd runs 0.50-0.58x cuDNN on an H200 with any forward
+(results/h200/grid_1201/README.md): the backward is still backward v2 (solutions/csrc/step07_bwd_mma.cu,
+mma.sync), and its dK/dV kernel is the bulk of a FlashAttention-2 backward's time. Does a dK/dV kernel on
+wgmma -- forward v4's machinery (solutions/csrc/step07_wgmma.cuh: the 128-byte swizzle, the descriptors,
+P fed from registers) -- make a real part of that gap go away?
+
+Design (the kernel file's header has the details). A CTA owns 128 keys (config 0: two warpgroups x 64;
+config 1: one warpgroup, 64 keys), K and V resident in shared memory in v4's swizzled layout, fp32 dK and
+dV in registers; it walks query tiles of 64 rows (causal: from the key tile's first query), Q and dO
+double-buffered by cp.async, LSE and Delta rows double-buffered in shared memory. Per tile:
+S^T = K Q^T and dP^T = V dO^T (wgmma SS, one wait), P^T = exp2(...) and dS^T = P^T (dP^T - Delta) in
+registers (masks on boundary tiles only), dV += P^T dO and dK += dS^T Q (wgmma RS: P^T, dS^T from
+registers; dO, Q MN-major), one wait. Delta and dQ are backward v2's own kernels (the .cu #includes
+the course's step07_bwd_mma.cu): the binding's ``bwd`` is Delta + this dK/dV + v2's dQ, the whole
+backward this kernel would give step 07.
+
+Compile report (CPU, nvcc 13.0, sm_90a, step07_cuda.build()'s flags, `--compile-report`, 2026-12-01):
+see the kernel file's header (the same figures); tests/test_experiment_cuda_bwd_wgmma.py checks them.
+
+Answer: not yet run on a GPU.
+
+What it does on a GPU (each part in its own try/except, the JSON rewritten after every part and row):
+  1. build this extension (torch.utils.cpp_extension.load: the kernel file, its binding) and the course's
+     step 07 (solutions/: the forward that gives O and LSE, backward v2 for the comparison);
+  2. dK, dV (``dkdv``, both configs) and dQ, dK, dV of the hybrid backward (``bwd``) against the float64
+     reference (attnlib.reference.reference_backward, attnlib.compare.assert_close: the tolerances of
+     tests/test_step07_cuda.py's gradient checks), bf16 and fp16, D 64 and 128, causal and not,
+     (Nq, Nk) in (1, 1), (77, 77), (128, 128), (300, 700), (700, 300), (1000, 1000), (1030, 1030);
+  3. timing (triton.testing.do_bench, median), bf16, N 4k/8k/16k, B = 16384/N, H = 2048/D, D 128 and 64,
+     causal and not: the wgmma dK/dV kernel alone (Delta precomputed), the hybrid backward (Delta + wgmma
+     dK/dV + v2's dQ), backward v2 whole (the course's bwd_op), cuDNN's backward (SDPA cuDNN fwd+bwd minus
+     its fwd); every output first compared with backward v2's at that shape. TFLOP/s with FlashAttention's
+     backward count (2.5x the forward's 4*B*H*N*N*D, halved when causal) for whole backwards and
+     2.0x for the dK/dV kernel alone (4 of the 5 products); fwd+bwd view: forward v5 (config 2) + the
+     hybrid backward against cuDNN fwd+bwd;
+  4. ``--sanitize``: small cases (N 77 and 300, both D, causal and not, both configs) in a child process
+     under compute-sanitizer memcheck, then racecheck.
+A budget (--budget-s, default 150 s from the start) stops new timing rows, so the whole run stays under
+4 minutes on an H200 (two builds, then about 10 s a row).
+
+Usage (repo root):
+    python bench/experiments/cuda_bwd_wgmma.py --out $OUT/bwdw --sanitize     # the GPU run (an H200)
+    python bench/experiments/cuda_bwd_wgmma.py --compile-report               # no GPU: registers, spills, SASS
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from bench.experiments.cuda_v5 import STEP07_CSRC, _step07, cuobjdump, nvcc_flags, parse_report  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+KERNEL_SOURCE = HERE / "csrc" / "step07_bwd_wgmma.cu"
+BINDING_SOURCE = HERE / "csrc" / "step07_bwd_wgmma_binding.cpp"
+CONFIGS = (0, 1)                    # launch_dkdv_d: 0 = 2 warpgroups (128 keys), 1 = 1 warpgroup (64 keys)
+CONFIG_WARPGROUPS = {0: 2, 1: 1}
+KERNEL = "dkdv_wgmma_kernel"
+
+LOG = None
+RESULT: dict = {"parts": {}}
+OUT: Path | None = None
+
+
+def log(*a):
+    line = " ".join(str(x) for x in a)
+    print(line, flush=True)
+    if LOG is not None:
+        LOG.write(line + "\n")
+        LOG.flush()
+
+
+def save():
+    if OUT is not None:
+        (OUT / "cuda_bwd_wgmma.json").write_text(json.dumps(RESULT, indent=1, default=str))
+
+
+def part(name):
+    """Decorator: run a part, record ok/error and its seconds, never raise (cuda_v5.py's)."""
+    def deco(fn):
+        def run(*a, **kw):
+            t0 = time.time()
+            log(f"\n=== {name}")
+            try:
+                out = fn(*a, **kw)
+                RESULT["parts"][name] = {"ok": True, "s": round(time.time() - t0, 1), **(out or {})}
+            except Exception as e:  # noqa: BLE001 -- recorded, the next part still runs
+                tb = traceback.format_exc()
+                log(f"{name} FAILED: {type(e).__name__}: {e}\n{tb}")
+                RESULT["parts"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": tb[-4000:],
+                                         "s": round(time.time() - t0, 1)}
+            save()
+        return run
+    return deco
+
+
+# ---------------------------------------------------------------- the compile report (CPU)
+
+def compile_kernel(workdir: Path, src: Path | None = None, bf16_only: bool = False) -> tuple[str, str]:
+    """nvcc the kernel file (or ``src``, a modified copy; step07_* headers from solutions/csrc) to an sm_90a
+    cubin with -Xptxas -v and cuda_v5.nvcc_flags() (step07_cuda.build()'s flags), v2's kernels left out
+    (-DSTEP07_BWDW_NO_V2), bf16 alone with ``bf16_only`` (4 instances: the test's); (ptxas report, SASS)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not on PATH")
+    src = Path(src) if src is not None else KERNEL_SOURCE
+    cub = workdir / "bwdw.cubin"
+    defs = ["-DSTEP07_BWDW_NO_V2"] + (["-DSTEP07_BWDW_BF16_ONLY"] if bf16_only else [])
+    r = subprocess.run([nvcc, *nvcc_flags("sm_90a"), *defs, "-Xptxas", "-v", f"-I{STEP07_CSRC}", "-cubin", str(src),
+                        "-o", str(cub)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-4000:]}")
+    tool = cuobjdump()
+    if tool is None:
+        raise FileNotFoundError("no cuobjdump (CUDA toolkit or Triton's copy)")
+    sass = subprocess.run([tool, "-sass", str(cub)], capture_output=True, text=True).stdout
+    return r.stdout + r.stderr, sass
+
+
+def kernel_key(name: str) -> str:
+    """'bf16 D=128 warpgroups=2' from a mangled dkdv_wgmma_kernel<T, BwdWConfig<D, WG>> name."""
+    m = re.search(r"BwdWConfigILi(\d+)ELi(\d+)E", name)
+    ty = "f16" if "6__half" in name else "bf16"
+    return f"{ty} D={m.group(1)} warpgroups={m.group(2)}" if m else name
+
+
+def compile_report(src: Path | None = None, bf16_only: bool = False) -> dict:
+    """Per instance of the dK/dV kernel: registers, stack, spills, and the static counts of HGMMA, HMMA,
+    WARPGROUP.DEPBAR / ARRIVE, MUFU.EX2, LDGSTS, BAR.SYNC, LDL/STL (cuda_v5.parse_report), plus any
+    C75xx (ptxas serializing the wgmma) line."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as d:
+        report, sass = compile_kernel(Path(d), src, bf16_only)
+    rep = parse_report(report, sass)
+    kernels = {kernel_key(k): {n: v for n, v in info.items() if not n.startswith(("max_reg_", "setmaxnreg"))}
+               for k, info in rep["kernels"].items() if KERNEL in k}
+    return {"source": str(Path(src) if src is not None else KERNEL_SOURCE), "c75xx": rep["c75xx"],
+            "warnings": sorted(set(ln.strip() for ln in report.splitlines() if "warning" in ln.lower())),
+            "kernels": kernels, "s": round(time.time() - t0, 1)}
+
+
+# ---------------------------------------------------------------- the GPU side
+
+_EXT = None
+
+
+def build(verbose: bool = False):
+    """This experiment's extension (kernel + binding), cached under $ATTN_BUILD_DIR or ~/.cache/attn-course."""
+    global _EXT
+    if _EXT is not None:
+        return _EXT
+    from torch.utils.cpp_extension import load
+    s7 = _step07()
+    flags = [*s7.NVCC_FLAGS, *s7.arch_flags((9, 0))]
+    h = hashlib.sha256()
+    for f in (KERNEL_SOURCE, BINDING_SOURCE, *sorted(STEP07_CSRC.glob("step07_*"))):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update(" ".join(flags).encode() + torch.__version__.encode())
+    name = f"attn_bwdw_{h.hexdigest()[:12]}"
+    root = Path(os.environ.get("ATTN_BUILD_DIR", Path.home() / ".cache" / "attn-course"))
+    (root / name).mkdir(parents=True, exist_ok=True)
+    _EXT = load(name=name, sources=[str(KERNEL_SOURCE), str(BINDING_SOURCE)], extra_cflags=["-O3"],
+                extra_cuda_cflags=flags, extra_include_paths=[str(STEP07_CSRC)], build_directory=str(root / name),
+                verbose=verbose)
+    return _EXT
+
+
+def _require_sm90a():
+    if not torch.cuda.is_available():
+        raise RuntimeError("the wgmma dK/dV kernel needs a GPU (an H100/H200)")
+    cap = torch.cuda.get_device_capability()
+    if tuple(cap) != (9, 0):
+        raise RuntimeError(f"the wgmma dK/dV kernel needs an sm_90a GPU; this one is {cap[0]}.{cap[1]}")
+
+
+def _flat(t):
+    return t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()
+
+
+def forward(q, k, v, causal, scale):
+    """(O, LSE) of the course's forward v4 (its default config): what the backward is given."""
+    s7 = _step07()
+    with torch.no_grad():
+        return s7.fwd_op(q, k, v, bool(causal), float(scale), 4, s7.DEFAULT_CONFIG.get(4, 0))
+
+
+def dkdv(q, k, v, o, lse, do, causal, scale, config=0):
+    """(dK, dV) shaped like k, v: Delta by v2's kernel, then the wgmma dK/dV kernel."""
+    dk, dv = build().dkdv(_flat(q), _flat(k), _flat(v), _flat(o), lse.reshape(-1, lse.shape[-1]).contiguous(),
+                          _flat(do), bool(causal), float(scale), int(config))
+    return dk.view(k.shape), dv.view(v.shape)
+
+
+def hybrid_bwd(q, k, v, o, lse, do, causal, scale, config=0):
+    """(dQ, dK, dV): Delta and dQ by backward v2's kernels, dK and dV by the wgmma kernel."""
+    dq, dk, dv = build().bwd(_flat(q), _flat(k), _flat(v), _flat(o), lse.reshape(-1, lse.shape[-1]).contiguous(),
+                             _flat(do), bool(causal), float(scale), int(config))
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+def check_case(q, k, v, causal, config):
+    """Raise (attnlib's report) unless dK, dV (``dkdv``) and dQ, dK, dV (``hybrid_bwd``) match float64."""
+    from attnlib.checks import describe
+    from attnlib.compare import assert_close
+    from attnlib.inputs import make_dout
+    from attnlib.reference import reference_backward
+    scale = q.shape[-1] ** -0.5
+    o, lse = forward(q, k, v, causal, scale)
+    do = make_dout(o, seed=1)
+    ref = reference_backward(q, k, v, do, causal, scale)
+    ctx = describe(q, k, causal) + f", config {config}"
+    dk, dv = dkdv(q, k, v, o, lse, do, causal, scale, config)
+    assert_close(dk, ref[1], name="dK", row_label="key rows", context=ctx)
+    assert_close(dv, ref[2], name="dV", row_label="key rows", context=ctx)
+    got = hybrid_bwd(q, k, v, o, lse, do, causal, scale, config)
+    for name, g, r, rows in (("dQ", got[0], ref[0], "query rows"), ("dK", got[1], ref[1], "key rows"),
+                             ("dV", got[2], ref[2], "key rows")):
+        assert_close(g, r, name=f"{name} (hybrid bwd)", row_label=rows, context=ctx)
+
+
+SHAPES = [(1, 1), (77, 77), (128, 128), (300, 700), (700, 300), (1000, 1000), (1030, 1030)]
+
+
+def flops(B, H, N, D, causal, mode="bwd"):
+    """bench.core's FlashAttention count: fwd 4*B*H*N*N*D (halved causal), bwd 2.5x, fwd+bwd 3.5x."""
+    from bench.core import flops as course_flops
+    return course_flops(B, H, N, D, causal, mode)
+
+
+def main():
+    global LOG, OUT
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="folder for cuda_bwd_wgmma.json and cuda_bwd_wgmma.log")
+    ap.add_argument("--sanitize", action="store_true", help="also run small cases under compute-sanitizer")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="no new timing row starts after this")
+    ap.add_argument("--compile-report", action="store_true", help="no GPU: nvcc + cuobjdump, print the report")
+    ap.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    t_start = time.time()
+
+    if args.compile_report:
+        print(json.dumps(compile_report(), indent=1))
+        return
+
+    if args.sanitize_child:
+        from attnlib import make_qkv
+        for D in (64, 128):
+            for N in (77, 300):
+                for causal in (False, True):
+                    q, k, v = make_qkv(1, 2, N, D=D, dtype=torch.bfloat16, device="cuda", seed=N)
+                    o, lse = forward(q, k, v, causal, D ** -0.5)
+                    for config in CONFIGS:
+                        dkdv(q, k, v, o, lse, torch.randn_like(o), causal, D ** -0.5, config)
+        torch.cuda.synchronize()
+        print("sanitize child: done")
+        return
+
+    if args.out is None:
+        ap.error("--out DIR is required on the GPU (or --compile-report on a CPU)")
+    OUT = args.out
+    OUT.mkdir(parents=True, exist_ok=True)
+    LOG = open(OUT / "cuda_bwd_wgmma.log", "w")
+    RESULT["meta"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
+                      "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    try:
+        RESULT["meta"]["git"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                               capture_output=True, text=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        pass
+    if not torch.cuda.is_available():
+        log("no GPU: nothing to do here (try --compile-report)")
+        RESULT["meta"]["error"] = "no GPU"
+        save()
+        return
+    RESULT["meta"]["gpu"] = torch.cuda.get_device_name()
+    RESULT["meta"]["capability"] = torch.cuda.get_device_capability()
+    log(f"GPU {RESULT['meta']['gpu']} {RESULT['meta']['capability']}, torch {torch.__version__}")
+    s7 = _step07()
+
+    @part("1 build")
+    def build_part():
+        _require_sm90a()
+        t0 = time.time()
+        ext = build()
+        t1 = time.time()
+        course = s7.build()
+        log(f"built: this extension in {t1 - t0:.1f} s ({ext.__file__}), step 07 in {time.time() - t1:.1f} s")
+        return {"build_s": round(t1 - t0, 1), "course_build_s": round(time.time() - t1, 1), "module": ext.__file__,
+                "course_module": course.__file__}
+    build_part()
+
+    @part("2 correctness")
+    def correctness():
+        from attnlib import make_qkv
+        rows, n_fail = [], 0
+        for dtype in (torch.bfloat16, torch.float16):
+            for D in (64, 128):
+                for causal in (False, True):
+                    for nq, nk in SHAPES:
+                        for config in CONFIGS:
+                            q, k, v = make_qkv(2, 3, nq, nk, D=D, dtype=dtype, device="cuda", seed=nq + nk + D)
+                            tag = f"{str(dtype)[6:]} D={D} causal={causal} Nq={nq} Nk={nk} config={config}"
+                            try:
+                                check_case(q, k, v, causal, config)
+                                rows.append({"case": tag, "ok": True})
+                            except Exception as e:  # noqa: BLE001
+                                n_fail += 1
+                                rows.append({"case": tag, "ok": False, "error": str(e)[:2000]})
+                                log(f"  FAIL {tag}: {str(e)[:1500]}")
+        log(f"correctness: {len(rows) - n_fail}/{len(rows)} cases match the float64 reference")
+        return {"n_fail": n_fail, "n": len(rows), "rows": rows}
+    correctness()
+
+    @part("3 timing")
+    def timing():
+        import triton
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        rows = []
+        for D in (128, 64):
+            for causal in (False, True):
+                for N in (4096, 8192, 16384):
+                    if time.time() - t_start > args.budget_s:
+                        log(f"  budget ({args.budget_s} s) spent: no more rows")
+                        return {"rows": rows, "stopped_early": True}
+                    B, H = 16384 // N, 2048 // D
+                    sc = D ** -0.5
+                    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                    do = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+                    with torch.no_grad():
+                        o, lse = s7.fwd_op(q, k, v, causal, sc, 5, s7.DEFAULT_CONFIG.get(5, 0))
+                    ext = build()
+                    q3, k3, v3, o3, do3 = (_flat(t) for t in (q, k, v, o, do))
+                    lse2 = lse.reshape(-1, N).contiguous()
+                    delta = ext.delta(o3, do3)
+                    row = {"D": D, "causal": causal, "N": N, "B": B, "H": H, "ms": {}, "tflops": {}, "errors": {},
+                           "rel_diff_vs_v2": {}}
+                    with torch.no_grad():
+                        _, dk_ref, dv_ref = s7.bwd_op(q, k, v, o, lse, do, causal, sc, 2)
+
+                    def rel(a, b):
+                        return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
+
+                    impls = {}
+                    for c in CONFIGS:
+                        impls[f"wgmma-dkdv-c{c}"] = (lambda c=c: ext.dkdv_delta(q3, k3, v3, lse2, do3, delta, causal,
+                                                                                sc, c), "dkdv")
+                    impls["hybrid-bwd-c0"] = (lambda: ext.bwd(q3, k3, v3, o3, lse2, do3, causal, sc, 0)[1:], "bwd")
+                    impls["v2-bwd"] = (lambda: s7.bwd_op(q, k, v, o, lse, do, causal, sc, 2)[1:], "bwd")
+                    for name, (fn, kind) in impls.items():
+                        try:
+                            with torch.no_grad():
+                                dk, dv = fn()
+                                d = max(rel(dk.view(k.shape), dk_ref), rel(dv.view(v.shape), dv_ref))
+                            row["rel_diff_vs_v2"][name] = d
+                            if not d < 0.02:
+                                raise AssertionError(f"dK/dV differ from backward v2's by {d:.3g} (relative): not timed")
+                            ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                            row["ms"][name] = ms
+                            # the dK/dV kernel does 4 of the backward's 5 products: 2.0x the forward's count
+                            row["tflops"][name] = (flops(B, H, N, D, causal, "fwd") * (2.0 if kind == "dkdv" else 2.5)
+                                                   / ms / 1e9)
+                        except Exception as e:  # noqa: BLE001
+                            row["errors"][name] = f"{type(e).__name__}: {str(e)[:300]}"
+                    # cuDNN: fwd+bwd minus fwd (SDPA, the cuDNN backend)
+                    try:
+                        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+
+                        def cud_fwd():
+                            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                                return F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+
+                        def cud_fb():
+                            out = cud_fwd()
+                            out.backward(do)
+                        ms_f = triton.testing.do_bench(cud_fwd, warmup=25, rep=100, return_mode="median")
+                        ms_fb = triton.testing.do_bench(cud_fb, warmup=25, rep=100, return_mode="median",
+                                                        grad_to_none=[qg, kg, vg])
+                        row["ms"]["cudnn-fwd"] = ms_f
+                        row["ms"]["cudnn-fwd+bwd"] = ms_fb
+                        row["ms"]["cudnn-bwd"] = ms_fb - ms_f
+                        row["tflops"]["cudnn-bwd"] = flops(B, H, N, D, causal, "bwd") / (ms_fb - ms_f) / 1e9
+                    except Exception as e:  # noqa: BLE001
+                        row["errors"]["cudnn"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    try:
+                        ms_v5 = triton.testing.do_bench(
+                            lambda: s7.fwd_op(q, k, v, causal, sc, 5, s7.DEFAULT_CONFIG.get(5, 0)),
+                            warmup=25, rep=100, return_mode="median")
+                        row["ms"]["v5-fwd"] = ms_v5
+                        for bw in ("hybrid-bwd-c0", "v2-bwd"):
+                            if bw in row["ms"]:
+                                row["ms"][f"v5+{bw}"] = ms_v5 + row["ms"][bw]
+                    except Exception as e:  # noqa: BLE001
+                        row["errors"]["v5-fwd"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    ms = row["ms"]
+                    row["ratios"] = {}
+                    if "v2-bwd" in ms:
+                        row["ratios"].update({f"{n}/v2-bwd": ms[n] / ms["v2-bwd"] for n in ms if n.startswith(("wgmma", "hybrid"))})
+                    if "cudnn-bwd" in ms:
+                        row["ratios"].update({f"x_cudnn_bwd[{n}]": ms["cudnn-bwd"] / ms[n]
+                                              for n in ("hybrid-bwd-c0", "v2-bwd") if n in ms})
+                    if "cudnn-fwd+bwd" in ms:
+                        row["ratios"].update({f"x_cudnn_fwd+bwd[{n}]": ms["cudnn-fwd+bwd"] / ms[n]
+                                              for n in ("v5+hybrid-bwd-c0", "v5+v2-bwd") if n in ms})
+                    rows.append(row)
+                    RESULT["parts"]["3 timing (partial)"] = rows
+                    save()
+                    log(f"  D={D} causal={int(causal)} N={N:5d} B={B} H={H}: "
+                        + "  ".join(f"{n} {t:.3f} ms" for n, t in ms.items())
+                        + "\n    " + "  ".join(f"{n} {t:.2f}" for n, t in row["ratios"].items())
+                        + ("" if not row["errors"] else f"\n    errors: {row['errors']}"))
+        return {"rows": rows}
+    timing()
+    RESULT["parts"].pop("3 timing (partial)", None)
+
+    if args.sanitize:
+        @part("4 sanitize")
+        def sanitize():
+            cs = shutil.which("compute-sanitizer")
+            if cs is None:
+                from torch.utils.cpp_extension import CUDA_HOME
+                cand = Path(CUDA_HOME or "/usr/local/cuda") / "bin" / "compute-sanitizer"
+                cs = str(cand) if cand.exists() else None
+            if cs is None:
+                raise FileNotFoundError("compute-sanitizer not found (PATH, $CUDA_HOME/bin)")
+            out = {}
+            for tool in ("memcheck", "racecheck"):
+                r = subprocess.run([cs, "--tool", tool, "--error-exitcode", "3", sys.executable, __file__,
+                                    "--sanitize-child"], capture_output=True, text=True,
+                                   timeout=max(30.0, (230 - (time.time() - t_start)) / 2),   # the 4-minute budget
+                                   env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+                tail = (r.stdout + r.stderr)[-3000:]
+                out[tool] = {"rc": r.returncode, "tail": tail}
+                log(f"  {tool}: rc {r.returncode}\n{tail[-1500:]}")
+            return out
+        sanitize()
+
+    RESULT["meta"]["total_s"] = round(time.time() - t_start, 1)
+    save()
+    log(f"\ndone in {time.time() - t_start:.0f} s; {OUT / 'cuda_bwd_wgmma.json'}")
+
+
+if __name__ == "__main__":
+    main()
