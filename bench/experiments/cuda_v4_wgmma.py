@@ -48,14 +48,8 @@ Usage (repo root, on the H200):
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
-import shutil
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,42 +59,11 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 from attnlib.reference import reference_attention  # noqa: E402
+from bench.experiments import gpu_run  # noqa: E402
 
-LOG = None
-RESULT: dict = {"parts": {}}
-OUT: Path | None = None
-
-
-def log(*a):
-    line = " ".join(str(x) for x in a)
-    print(line, flush=True)
-    if LOG is not None:
-        LOG.write(line + "\n")
-        LOG.flush()
-
-
-def save():
-    if OUT is not None:
-        (OUT / "v4_wgmma.json").write_text(json.dumps(RESULT, indent=1, default=str))
-
-
-def part(name):
-    """Decorator: run a part, record ok/error and its seconds, never raise."""
-    def deco(fn):
-        def run(*a, **kw):
-            t0 = time.time()
-            log(f"\n=== {name}")
-            try:
-                out = fn(*a, **kw)
-                RESULT["parts"][name] = {"ok": True, "s": round(time.time() - t0, 1), **(out or {})}
-            except Exception as e:  # noqa: BLE001 -- recorded, the next part still runs
-                tb = traceback.format_exc()
-                log(f"{name} FAILED: {type(e).__name__}: {e}\n{tb}")
-                RESULT["parts"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": tb[-4000:],
-                                         "s": round(time.time() - t0, 1)}
-            save()
-        return run
-    return deco
+REC = gpu_run.Record("v4_wgmma")    # the run's log and JSON (bench/experiments/gpu_run.py)
+RESULT = REC.result
+log, save, part = REC.log, REC.save, REC.part
 
 
 def ranges(xs):
@@ -246,7 +209,6 @@ def flops(B, H, N, D, causal):
 
 
 def main():
-    global LOG, OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="folder for v4_wgmma.json and v4_wgmma.log")
     ap.add_argument("--sanitize", action="store_true", help="also rerun a small case under compute-sanitizer")
@@ -287,11 +249,7 @@ def main():
 
     if args.out is None:
         ap.error("--out DIR is required on the GPU")
-    OUT = args.out
-    OUT.mkdir(parents=True, exist_ok=True)
-    LOG = open(OUT / "v4_wgmma.log", "w")
-    RESULT["meta"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
-                      "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    REC.open(args.out, REPO)
     if not torch.cuda.is_available():
         log("no GPU: nothing to do here (try --selftest)")
         RESULT["meta"]["error"] = "no GPU"
@@ -422,28 +380,12 @@ def main():
     if args.sanitize:
         @part("5 sanitize")
         def sanitize():
-            cs = shutil.which("compute-sanitizer")
-            if cs is None:
-                from torch.utils.cpp_extension import CUDA_HOME
-                cand = Path(CUDA_HOME or "/usr/local/cuda") / "bin" / "compute-sanitizer"
-                cs = str(cand) if cand.exists() else None
-            if cs is None:
-                raise FileNotFoundError("compute-sanitizer not found (PATH, $CUDA_HOME/bin)")
-            out = {}
-            for tool in ("memcheck", "racecheck"):
-                r = subprocess.run([cs, "--tool", tool, "--error-exitcode", "3", sys.executable, __file__,
-                                    "--sanitize-child"], capture_output=True, text=True,
-                                   timeout=max(30.0, (230 - (time.time() - t_start)) / 2),   # the 4-minute budget
-                                   env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
-                tail = (r.stdout + r.stderr)[-3000:]
-                out[tool] = {"rc": r.returncode, "tail": tail}
-                log(f"  {tool}: rc {r.returncode}\n{tail[-1500:]}")
-            return out
+            return gpu_run.sanitize(__file__, t_start, log)
         sanitize()
 
     RESULT["meta"]["total_s"] = round(time.time() - t_start, 1)
     save()
-    log(f"\ndone in {time.time() - t_start:.0f} s; {OUT / 'v4_wgmma.json'}")
+    log(f"\ndone in {time.time() - t_start:.0f} s; {REC.json_path}")
 
 
 if __name__ == "__main__":

@@ -113,14 +113,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,6 +126,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+
+from bench.experiments import gpu_run  # noqa: E402
 
 # The course's step 07, always the SOLUTION (its student region written): never steps/, whose
 # producer loop is a stub, and never $ATTN_IMPL's choice.
@@ -142,41 +142,9 @@ CONFIG_SHAPES = {0: (64, 2, 2, False), 1: (64, 4, 2, False), 2: (128, 2, 2, Fals
 PRODUCER_REGS = 24
 CONSUMER_REGS = {2: 240, 3: 160}    # setmaxnreg.inc of the consumers, by their number
 
-LOG = None
-RESULT: dict = {"parts": {}}
-OUT: Path | None = None
-
-
-def log(*a):
-    line = " ".join(str(x) for x in a)
-    print(line, flush=True)
-    if LOG is not None:
-        LOG.write(line + "\n")
-        LOG.flush()
-
-
-def save():
-    if OUT is not None:
-        (OUT / "cuda_v5.json").write_text(json.dumps(RESULT, indent=1, default=str))
-
-
-def part(name):
-    """Decorator: run a part, record ok/error and its seconds, never raise."""
-    def deco(fn):
-        def run(*a, **kw):
-            t0 = time.time()
-            log(f"\n=== {name}")
-            try:
-                out = fn(*a, **kw)
-                RESULT["parts"][name] = {"ok": True, "s": round(time.time() - t0, 1), **(out or {})}
-            except Exception as e:  # noqa: BLE001 -- recorded, the next part still runs
-                tb = traceback.format_exc()
-                log(f"{name} FAILED: {type(e).__name__}: {e}\n{tb}")
-                RESULT["parts"][name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": tb[-4000:],
-                                         "s": round(time.time() - t0, 1)}
-            save()
-        return run
-    return deco
+REC = gpu_run.Record("cuda_v5")    # the run's log and JSON (bench/experiments/gpu_run.py)
+RESULT = REC.result
+log, save, part = REC.log, REC.save, REC.part
 
 
 def _step07():
@@ -317,7 +285,6 @@ def flops(B, H, N, D, causal):
 
 
 def main():
-    global LOG, OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="folder for cuda_v5.json and cuda_v5.log")
     ap.add_argument("--sanitize", action="store_true", help="also run small cases under compute-sanitizer")
@@ -346,16 +313,7 @@ def main():
 
     if args.out is None:
         ap.error("--out DIR is required on the GPU (or --compile-report on a CPU)")
-    OUT = args.out
-    OUT.mkdir(parents=True, exist_ok=True)
-    LOG = open(OUT / "cuda_v5.log", "w")
-    RESULT["meta"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
-                      "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    try:
-        RESULT["meta"]["git"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                               capture_output=True, text=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        pass
+    REC.open(args.out, REPO)
     if not torch.cuda.is_available():
         log("no GPU: nothing to do here (try --compile-report)")
         RESULT["meta"]["error"] = "no GPU"
@@ -455,28 +413,12 @@ def main():
     if args.sanitize:
         @part("4 sanitize")
         def sanitize():
-            cs = shutil.which("compute-sanitizer")
-            if cs is None:
-                from torch.utils.cpp_extension import CUDA_HOME
-                cand = Path(CUDA_HOME or "/usr/local/cuda") / "bin" / "compute-sanitizer"
-                cs = str(cand) if cand.exists() else None
-            if cs is None:
-                raise FileNotFoundError("compute-sanitizer not found (PATH, $CUDA_HOME/bin)")
-            out = {}
-            for tool in ("memcheck", "racecheck"):
-                r = subprocess.run([cs, "--tool", tool, "--error-exitcode", "3", sys.executable, __file__,
-                                    "--sanitize-child"], capture_output=True, text=True,
-                                   timeout=max(30.0, (230 - (time.time() - t_start)) / 2),   # the 4-minute budget
-                                   env={**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
-                tail = (r.stdout + r.stderr)[-3000:]
-                out[tool] = {"rc": r.returncode, "tail": tail}
-                log(f"  {tool}: rc {r.returncode}\n{tail[-1500:]}")
-            return out
+            return gpu_run.sanitize(__file__, t_start, log)
         sanitize()
 
     RESULT["meta"]["total_s"] = round(time.time() - t_start, 1)
     save()
-    log(f"\ndone in {time.time() - t_start:.0f} s; {OUT / 'cuda_v5.json'}")
+    log(f"\ndone in {time.time() - t_start:.0f} s; {REC.json_path}")
 
 
 if __name__ == "__main__":
