@@ -78,7 +78,7 @@ VALIDATE = [  # (batch, Nq, Nk, D)
 def variants(mod, versions, D):
     """(name, version, config) for every forward timed: each version, and each of v3's, v4's and v5's configs."""
     out = []
-    tables = {3: mod.V3_CONFIGS, 4: mod.V4_CONFIGS, 5: getattr(mod, "V5_CONFIGS", {})}
+    tables = {3: mod.V3_CONFIGS, 4: mod.V4_CONFIGS, 5: mod.V5_CONFIGS}
     for version in versions:
         configs = tables[version][D] if version in tables else (0,)
         for c in configs:

@@ -74,8 +74,9 @@ V4_CONFIGS = {64: (0, 1), 128: (0, 1)}
 # 2 = 128 x 128, 2 stages; 3 = 0 with ping-pong; 4 = 2 with ping-pong; 5 = three consumers, 192 x 64.
 V5_CONFIGS = {64: (0, 1, 2, 3, 4, 5), 128: (0, 1, 2, 3, 4, 5)}
 # The config each version runs when none is asked for: v4's 128 x 64 tiles were the faster at every
-# shape on the H200 (results/h200/step07_v4/README.md); v5's 128 x 128 tiles, 2 stages, the fastest
-# or within a few percent at every shape (results/h200/step07_v5/); v3's table is its config 0.
+# shape on the H200 (results/h200/step07_v4/README.md); v5's 128 x 128 tiles, 2 stages, the fastest at
+# 9 of 12 shapes and 1% behind at a tenth (config 4, ping-pong, 1.09-1.11x it at D=128 without a mask,
+# N 4k and 16k; one run, results/h200/step07_v5/); v3's table is its config 0.
 DEFAULT_CONFIG = {4: 1, 5: 2}
 # Versions that need a particular GPU: v4's and v5's wgmma exist on compute capability 9.0 only.
 ARCH_ONLY = {4: (9, 0), 5: (9, 0)}

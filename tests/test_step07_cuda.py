@@ -224,17 +224,21 @@ GPU_CASES = [
     ((3,), 65, 65, 64),          # rank 3
     ((1, 2), 515, 1029, 128),    # many tiles, both partial at the end
 ]
-VERSION_DTYPES = [(1, torch.float32), (1, torch.float16), (1, torch.bfloat16),
-                  (2, torch.float16), (2, torch.bfloat16), (3, torch.float16), (3, torch.bfloat16),
-                  (4, torch.float16), (4, torch.bfloat16), (5, torch.float16), (5, torch.bfloat16)]
 # v4 and v5 exist on sm_90a only (H100/H200): elsewhere their rows skip, saying so.
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 sm90 = pytest.mark.skipif(not SM90, reason="v4 and v5 need an sm_90a GPU (H100/H200)")
 
 
-def _needs_sm90(version):
-    if version >= 4 and not SM90:
-        pytest.skip("v4 and v5 need an sm_90a GPU (H100/H200)")
+def _version_param(version, *rest):
+    """A parametrize row for ``version``, skipped off sm_90a for v4 and v5."""
+    dt = [str(d).replace("torch.", "") for d in rest]
+    return pytest.param(version, *rest, id="-".join([f"v{version}", *dt]), marks=[sm90] if version >= 4 else [])
+
+
+VERSION_DTYPES = [_version_param(v, d) for v, d in
+                  [(1, torch.float32), (1, torch.float16), (1, torch.bfloat16), (2, torch.float16),
+                   (2, torch.bfloat16), (3, torch.float16), (3, torch.bfloat16), (4, torch.float16),
+                   (4, torch.bfloat16), (5, torch.float16), (5, torch.bfloat16)]]
 
 
 def _id(c):
@@ -246,10 +250,8 @@ def _id(c):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=_id)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("version,dtype", VERSION_DTYPES,
-                         ids=[f"v{v}-{str(d).replace('torch.', '')}" for v, d in VERSION_DTYPES])
+@pytest.mark.parametrize("version,dtype", VERSION_DTYPES)
 def test_forward_backward_lse(load, version, dtype, is_causal, case):
-    _needs_sm90(version)
     m = load(7)
     batch, nq, nk, d = case
     q, k, v = make_qkv(Nq=nq, Nk=nk, D=d, batch_shape=batch, dtype=dtype, device="cuda", seed=nq + d)
@@ -262,9 +264,8 @@ def test_forward_backward_lse(load, version, dtype, is_causal, case):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("version", [_version_param(v) for v in (1, 2, 3, 4, 5)])
 def test_explicit_scale(load, version):
-    _needs_sm90(version)
     m = load(7)
     q, k, v = make_qkv(2, 2, 70, D=64, dtype=torch.float16, device="cuda")
     attn = lambda q, k, v, is_causal, scale: m.attention(q, k, v, is_causal=is_causal, scale=scale,  # noqa: E731

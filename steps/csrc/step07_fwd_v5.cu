@@ -33,7 +33,7 @@
 //     comes after the loop. (Leaving P V in flight across the loop's back edge instead makes
 //     ptxas serialize every wgmma of the kernel: warning C7515.)
 //  5. Configs (launch_d): 0 = 128 x 64 tiles, 2 stages; 1 = 128 x 64, 4 stages; 2 = 128 x 128,
-//     2 stages (the default: the fastest, or within a few percent, at every shape measured);
+//     2 stages (the default: the fastest at 9 of the 12 shapes measured, 1% behind at a tenth);
 //     3 = config 0 with ping-pong; 4 = config 2 with ping-pong; 5 = three consumer warpgroups
 //     (192 x 64 tiles, 160 registers each). Ping-pong is FlashAttention-3's inter-warpgroup
 //     schedule: named barriers 1 and 2 give the two consumers turns; a consumer issues its batch
