@@ -16,6 +16,8 @@ The same algorithm as steps 04-06, written as CUDA C++ kernels in ``csrc/``:
                             instructions
     csrc/step07_bwd.cu      backward v1: Delta, then dK/dV and dQ kernels, scalar fp32 (any dtype)
     csrc/step07_bwd_mma.cu  backward v2: the same split on tensor cores (fp16/bf16)
+    csrc/step07_bwd_wgmma.cu backward v3: v2 with its dK/dV kernel on wgmma (Delta and dQ are
+                            v2's kernels); sm_90a only, the default backward of v4 and v5
     csrc/step07_binding.cpp the torch glue (the only file that includes torch)
 
 Each version's measured speed is in the header of its .cu file and in
@@ -62,7 +64,7 @@ from attnlib.ops import extension_op, op_namespace
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_fwd_v4.cu",
-           "step07_fwd_v5.cu", "step07_bwd.cu", "step07_bwd_mma.cu"]
+           "step07_fwd_v5.cu", "step07_bwd.cu", "step07_bwd_mma.cu", "step07_bwd_wgmma.cu"]
 HEADERS = ["step07_launch.h", "step07_common.cuh", "step07_wgmma.cuh"]
 VERSIONS = (1, 2, 3, 4, 5)
 # v3's tile shapes (FlashAttentionCUDA's `config`; 0 is what attention() uses):
@@ -189,7 +191,9 @@ def _flat(t):
 
 FWD_FILES = {1: "step07_fwd_v1.cu", 2: "step07_fwd_v2.cu", 3: "step07_fwd_v3.cu", 4: "step07_fwd_v4.cu",
              5: "step07_fwd_v5.cu"}
-BWD_FILES = {1: "step07_bwd.cu", 2: "step07_bwd_mma.cu"}
+BWD_FILES = {1: "step07_bwd.cu", 2: "step07_bwd_mma.cu", 3: "step07_bwd_wgmma.cu"}
+# Backward versions that need a particular GPU: v3's dK/dV kernel is wgmma, compute capability 9.0 only.
+BWD_ARCH_ONLY = {3: (9, 0)}
 
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#include "(step07_[^"]+)"', re.M)
@@ -261,8 +265,27 @@ def _bwd_fake(q, k, v, o, lse, do, is_causal, scale, bwd_version):
 
 
 def default_bwd_version(version, dtype):
-    """Forward v1 (and any fp32 input) pairs with backward v1, v2 to v5 with v2 (tensor cores)."""
-    return 1 if version == 1 or dtype == torch.float32 else 2
+    """Forward v1 (and any fp32 input) pairs with backward v1; v2 and v3 with v2 (tensor cores);
+    the sm_90a-only forwards (ARCH_ONLY: v4, v5) with v3 (dK/dV on wgmma), which runs where they do."""
+    if version == 1 or dtype == torch.float32:
+        return 1
+    return 3 if version in ARCH_ONLY else 2
+
+
+def check_bwd_version(bwd_version, dtype, capability, where: str = "step07") -> None:
+    """ValueError when backward ``bwd_version`` does not exist, cannot take ``dtype`` (2 and 3:
+    fp16/bf16) or cannot run on a GPU of this compute capability (3: 9.0 only)."""
+    if bwd_version not in BWD_FILES:
+        raise ValueError(f"{where}: no backward version {bwd_version!r}; versions are {list(BWD_FILES)}")
+    if bwd_version != 1 and dtype == torch.float32:
+        raise ValueError(f"{where}: backward v{bwd_version} uses fp16/bf16 tensor cores; float32 runs on "
+                         "backward v1 only")
+    need = BWD_ARCH_ONLY.get(bwd_version)
+    if need is not None and tuple(capability) != need:
+        raise ValueError(
+            f"{where}: backward v{bwd_version} uses wgmma (warpgroup tensor-core instructions), which only "
+            f"sm_{need[0]}{need[1]}a GPUs (H100/H200) have; this GPU is compute capability "
+            f"{capability[0]}.{capability[1]}. Use bwd_version=2 here.")
 
 
 NAMESPACE = op_namespace(__name__)
@@ -295,14 +318,18 @@ class FlashAttentionCUDA(torch.autograd.Function):
     ``config`` picks v3's tile shape (V3_CONFIGS), v4's (V4_CONFIGS) or v5's (V5_CONFIGS), by default
     DEFAULT_CONFIG's;
     v1 and v2 ignore it.
-    ``bwd_version``: 1, the scalar backward, or 2, the tensor-core one; by default
-    forward v1 (and any fp32 input) is paired with backward v1, v2 to v5 with v2.
+    ``bwd_version``: 1, the scalar backward, 2, the tensor-core one (mma.sync), or 3, v2 with
+    dK/dV on wgmma (sm_90a only); by default forward v1 (and any fp32 input) is paired with
+    backward v1, v2 and v3 with v2, the sm_90a forwards (v4, v5) with v3 (default_bwd_version).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, scale=None, version=3, config=None, bwd_version=None):
         scale = _validate(q, k, v, is_causal, scale, version, "step07 FlashAttentionCUDA")
         config = DEFAULT_CONFIG.get(version, 0) if config is None else config
+        if bwd_version is not None:
+            check_bwd_version(bwd_version, q.dtype, torch.cuda.get_device_capability(q.device),
+                              "step07 FlashAttentionCUDA")
         o, lse = fwd_op(q, k, v, is_causal, scale, version, config)
         _setup_context(ctx, (q, k, v, is_causal, scale, version, config, bwd_version), (o, lse))
         return o

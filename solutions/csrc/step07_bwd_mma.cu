@@ -26,6 +26,9 @@
 // second kernel): the price of a deterministic dQ with one owner per element.
 // P^T and dS^T are rounded to fp16/bf16 before their products, as in
 // FlashAttention-2.
+//
+// Backward v3 (step07_bwd_wgmma.cu, sm_90a) keeps this file's Delta and dQ kernels and replaces
+// its dK/dV kernel: bwd_mma_delta and bwd_mma_dq, at the end, launch those two alone.
 #include "step07_common.cuh"
 
 namespace step07 {
@@ -292,17 +295,49 @@ __global__ void __launch_bounds__(BWD2_THREADS, 2) dq_mma_kernel(BwdParams p) {
 }
 
 template <typename T, int D>
+constexpr int bwd2_smem() { return (int)sizeof(T) * 6 * BB * D + (int)sizeof(float) * 4 * BB; }   // 97 KB at D=128
+
+template <typename T>
+void launch_delta(const BwdParams& p, cudaStream_t stream) {
+    delta2_kernel<T><<<(p.bh * p.nq + 3) / 4, 128, 0, stream>>>(p);
+}
+
+template <typename T, int D>
+void launch_dq(const BwdParams& p, cudaStream_t stream) {   // its shared-memory attribute already set
+    dq_mma_kernel<T, D><<<dim3((p.nq + BB - 1) / BB, p.bh), BWD2_THREADS, bwd2_smem<T, D>(), stream>>>(p);
+}
+
+template <typename T, int D>
 cudaError_t launch(const BwdParams& p, cudaStream_t stream) {
-    const int smem = (int)sizeof(T) * 6 * BB * D + (int)sizeof(float) * 4 * BB;   // 97 KB at D=128
+    const int smem = bwd2_smem<T, D>();
     cudaError_t err;
     if ((err = cudaFuncSetAttribute(dkdv_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)))
         return err;
     if ((err = cudaFuncSetAttribute(dq_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem)))
         return err;
-    delta2_kernel<T><<<(p.bh * p.nq + 3) / 4, 128, 0, stream>>>(p);
+    launch_delta<T>(p, stream);
     dkdv_mma_kernel<T, D><<<dim3((p.nk + BB - 1) / BB, p.bh), BWD2_THREADS, smem, stream>>>(p);
-    dq_mma_kernel<T, D><<<dim3((p.nq + BB - 1) / BB, p.bh), BWD2_THREADS, smem, stream>>>(p);
+    launch_dq<T, D>(p, stream);
     return cudaGetLastError();
+}
+
+// Backward v3 (step07_bwd_wgmma.cu) keeps v2's Delta and dQ kernels: these two launch them alone.
+template <typename T, int D>
+cudaError_t launch_dq_alone(const BwdParams& p, cudaStream_t stream) {
+    cudaError_t err = cudaFuncSetAttribute(dq_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           bwd2_smem<T, D>());
+    if (err != cudaSuccess) return err;
+    launch_dq<T, D>(p, stream);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_dq_d(const BwdParams& p, cudaStream_t stream) {
+    switch (p.d) {
+        case 64: return launch_dq_alone<T, 64>(p, stream);
+        case 128: return launch_dq_alone<T, 128>(p, stream);
+        default: return cudaErrorInvalidValue;
+    }
 }
 
 template <typename T>
@@ -321,6 +356,23 @@ cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream) {
         case DType::f16: return launch_d<__half>(p, stream);
         case DType::bf16: return launch_d<__nv_bfloat16>(p, stream);
         default: return cudaErrorInvalidValue;   // fp32 goes to the scalar backward
+    }
+}
+
+cudaError_t bwd_mma_delta(const BwdParams& p, cudaStream_t stream) {
+    switch (p.dtype) {
+        case DType::f16: launch_delta<__half>(p, stream); break;
+        case DType::bf16: launch_delta<__nv_bfloat16>(p, stream); break;
+        default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+cudaError_t bwd_mma_dq(const BwdParams& p, cudaStream_t stream) {
+    switch (p.dtype) {
+        case DType::f16: return launch_dq_d<__half>(p, stream);
+        case DType::bf16: return launch_dq_d<__nv_bfloat16>(p, stream);
+        default: return cudaErrorInvalidValue;
     }
 }
 

@@ -33,10 +33,13 @@
 //   v1  step07_bwd.cu     Delta, then dK/dV and dQ kernels, scalar
 //                         fp32 (any dtype)                          7 (x0.03)*   6 (x0.04)*
 //   v2  step07_bwd_mma.cu the same split on tensor cores (fp16/bf16) 231 (x0.75)  234 (x0.75)
+//   v3  step07_bwd_wgmma.cu v2 with dK/dV on wgmma (sm_90a only;
+//                         Delta, dQ: v2's kernels; own run, 12-01,
+//                         x cuDNN's backward, not SDPA-FLASH)      285 (x0.53)  294 (x0.57)
 //   * at N = 1024 (B = 16): the scalar versions take seconds per call at N = 16384.
 //
-// The Python side (solutions/step07_cuda.py) pairs forward v1 with backward v1
-// and forwards v2, v3, v4 with backward v2.
+// The Python side (solutions/step07_cuda.py) pairs forward v1 with backward v1,
+// forwards v2 and v3 with backward v2, and the sm_90a forwards (v4, v5) with backward v3.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -82,5 +85,11 @@ cudaError_t fwd_v4(const FwdParams& p, cudaStream_t stream);   // sm_90a only (w
 cudaError_t fwd_v5(const FwdParams& p, cudaStream_t stream);   // sm_90a only (wgmma, TMA, setmaxnreg)
 cudaError_t bwd(const BwdParams& p, cudaStream_t stream);       // scalar fp32 math, any dtype
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream);   // tensor cores, fp16/bf16
+cudaError_t bwd_wgmma(const BwdParams& p, cudaStream_t stream); // v3: dK/dV on wgmma, sm_90a only
+// Parts, for backward v3 (and the experiment that times its dK/dV kernel alone): v2's Delta kernel,
+// v2's dQ kernel (p.delta computed), v3's dK/dV kernel (p.delta computed; config 0 or 1).
+cudaError_t bwd_mma_delta(const BwdParams& p, cudaStream_t stream);
+cudaError_t bwd_mma_dq(const BwdParams& p, cudaStream_t stream);
+cudaError_t bwd_wgmma_dkdv(const BwdParams& p, int config, cudaStream_t stream);
 
 }  // namespace step07
