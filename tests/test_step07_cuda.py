@@ -204,6 +204,38 @@ def test_v4_refused_off_sm90(load):
                 m.check_version_arch(version, cap)
 
 
+def test_default_backward_pairs_sm90_forwards_with_v3(load):
+    """Forward v1 and fp32 -> backward v1; v2, v3 -> v2; every sm_90a-only forward (ARCH_ONLY: v4, v5,
+    and any later one) -> v3, which runs wherever they do."""
+    m = load(7)
+    for version in m.VERSIONS:
+        assert m.default_bwd_version(version, torch.float32) == 1, f"forward v{version}, fp32"
+        for dtype in (torch.float16, torch.bfloat16):
+            want = 1 if version == 1 else 3 if version in m.ARCH_ONLY else 2
+            got = m.default_bwd_version(version, dtype)
+            assert got == want, f"forward v{version}, {dtype}: paired with backward v{got}, want v{want}"
+    assert {4, 5} <= set(m.ARCH_ONLY), "v4 and v5 are sm_90a only"
+    assert m.BWD_FILES[3] == "step07_bwd_wgmma.cu" and "step07_bwd_wgmma.cu" in m.SOURCES
+
+
+def test_bwd_v3_refused_off_sm90_and_for_fp32(load):
+    """An explicit bwd_version=3 is refused (ValueError, before any launch) on a GPU other than 9.0
+    and for fp32 inputs; v1 takes fp32, v2 runs anywhere; an unknown backward version is refused."""
+    m = load(7)
+    for dtype in (torch.float16, torch.bfloat16):
+        m.check_bwd_version(3, dtype, (9, 0))
+        m.check_bwd_version(2, dtype, (8, 0))
+        for cap in [(8, 0), (8, 9), (10, 0), (12, 0)]:
+            with pytest.raises(ValueError, match="backward v3 uses wgmma.*sm_90a.*" + f"{cap[0]}\\.{cap[1]}"):
+                m.check_bwd_version(3, dtype, cap)
+    m.check_bwd_version(1, torch.float32, (8, 0))
+    for version in (2, 3):
+        with pytest.raises(ValueError, match=f"backward v{version} uses fp16/bf16.*float32"):
+            m.check_bwd_version(version, torch.float32, (9, 0))
+    with pytest.raises(ValueError, match="no backward version 4"):
+        m.check_bwd_version(4, torch.float16, (9, 0))
+
+
 def test_arch_flags(load):
     m = load(7)
     assert m.arch_flags((9, 0)) == ["-gencode=arch=compute_90a,code=sm_90a"]   # v4's wgmma needs the "a"
@@ -329,6 +361,61 @@ def test_hopper_tile_configs(load, version, d, is_causal):
             s = d ** -0.5 if scale is None else scale
             return m.FlashAttentionCUDA.apply(q, k, v, is_causal, s, version, config)
         check_attention(attn, q, k, v, is_causal=is_causal, grads=False)
+
+
+# Backward v3 (dK/dV on wgmma, Delta and dQ from v2), sm_90a only: forward v3 (any GPU) + bwd_version=3,
+# so a failure here is the backward's; v4 and v5 rows of test_forward_backward_lse run it by default.
+BWD3_CASES = [
+    ((2, 3), 1, 1, 64),
+    ((1, 2), 77, 77, 128),
+    ((1, 2), 17, 40, 64),        # Nq < Nk
+    ((2, 1), 300, 33, 128),      # Nq > Nk
+    ((1, 2), 515, 1029, 64),     # many key and query tiles, both partial at the end
+    ((1, 1), 1030, 700, 128),
+]
+
+
+@gpu
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", BWD3_CASES, ids=_id)
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_backward_v3(load, dtype, is_causal, case):
+    m = load(7)
+    batch, nq, nk, d = case
+    q, k, v = make_qkv(Nq=nq, Nk=nk, D=d, batch_shape=batch, dtype=dtype, device="cuda", seed=nq + nk + d)
+
+    def attn(q, k, v, is_causal, scale):
+        s = d ** -0.5 if scale is None else scale
+        return m.FlashAttentionCUDA.apply(q, k, v, is_causal, s, 3, None, 3)
+    check_attention(attn, q, k, v, is_causal=is_causal)
+
+
+@gpu
+@sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_backward_v3_dkdv_configs(load, d, is_causal):
+    """Both configs of v3's dK/dV kernel (the module's bwd3_dkdv, Delta given: what the experiment
+    times) against the float64 reference, Nq != Nk and neither a multiple of a tile."""
+    from attnlib.compare import assert_close
+    from attnlib.inputs import make_dout
+    from attnlib.reference import reference_backward
+    m = load(7)
+    q, k, v = make_qkv(Nq=300, Nk=317, D=d, batch_shape=(1, 2), dtype=torch.bfloat16, device="cuda")
+    scale = d ** -0.5
+    o, lse = m.attention_with_lse(q, k, v, is_causal=is_causal, version=3)
+    do = make_dout(o, seed=1)
+    delta = (o.float() * do.float()).sum(-1).reshape(-1, 300).contiguous()
+    ref = reference_backward(q, k, v, do, is_causal, scale)
+    flat = lambda t: t.reshape(-1, t.shape[-2], t.shape[-1]).contiguous()  # noqa: E731
+    for config in (0, 1):
+        dk, dv = m.build().bwd3_dkdv(flat(q), flat(k), flat(v), lse.reshape(-1, 300).contiguous(), flat(do), delta,
+                                     is_causal, scale, config)
+        assert_close(dk.view(k.shape), ref[1], name=f"dK (config {config})", row_label="key rows")
+        assert_close(dv.view(v.shape), ref[2], name=f"dV (config {config})", row_label="key rows")
 
 
 def test_refusal_is_cached_until_a_file_changes(tmp_path, monkeypatch):
