@@ -29,6 +29,7 @@
 # | `step07_fwd_v5.cu` | forward v5 | v4 warp-specialized (sm_90a only): TMA loads by a producer warpgroup into an mbarrier ring, two consumer warpgroups, `setmaxnreg`, optional ping-pong |
 # | `step07_bwd.cu` | backward v1 | Delta, then a dK/dV kernel and a dQ kernel, scalar fp32 |
 # | `step07_bwd_mma.cu` | backward v2 | the same split on tensor cores |
+# | `step07_bwd_wgmma.cu` | backward v3 | v2 with its dK/dV kernel on `wgmma` (sm_90a only; Delta and dQ stay v2's) |
 #
 # In this notebook you will:
 # - build the extension and read what each compiler flag costs;
@@ -638,7 +639,7 @@ for a, b, what in deltas:
 # does five). Version 2 runs every product on the tensor cores; in the dK/dV kernel a warp owns 16 keys and
 # computes $S^\top = K Q^\top$ directly, so that $P^\top$ and $dS^\top$ come out in the A-fragment layout
 # of $dV \mathrel{+}= P^\top dO$ and $dK \mathrel{+}= dS^\top Q$. Forward v1 is paired with backward v1,
-# v2 and v3 with backward v2.
+# v2 and v3 with backward v2, the sm_90a forwards (v4, v5) with backward v3 (below).
 
 # %%
 print(region("step07_bwd_mma.cu", "P^T = exp2"))
@@ -658,6 +659,77 @@ show(["sdpa-flash", "step07-bwd1", "step07-bwd2"], mode="bwd")
 # N=1024), 34× the scalar one. The FLOP count credits both with the same work, but the deterministic split
 # does 7 products where FlashAttention-2 does 5: 1.4× the arithmetic, which is consistent with the gap (not
 # measured apart from it).
+
+# %% [markdown]
+# ### Backward v3: dK/dV on `wgmma` (H100/H200 only)
+#
+# Against cuDNN's backward, v2 runs 0.43-0.52x on the H200 (the run below), and its dK/dV kernel, four of the
+# seven products, is most of its time. Backward v3 (`step07_bwd_wgmma.cu`) keeps v2's split and its Delta and
+# dQ kernels (reached through `bwd_mma_delta` / `bwd_mma_dq`), and writes the dK/dV kernel with forward v4's
+# machinery (`step07_wgmma.cuh`). What `wgmma` changes in a backward:
+#
+# - **the M of every product is 64 keys of a warpgroup.** A CTA owns 128 keys (two warpgroups; v2: 64 keys,
+#   4 warps x 16) and walks the query tiles of 64. $S^\top = K Q^\top$ and $dP^\top = V\,dO^\top$ are
+#   `wgmma` SS, both operands read by the tensor cores from v4's swizzled shared memory through descriptors
+#   (no `ldmatrix`), issued together and waited on once;
+# - **$P^\top$ and $dS^\top$ go back from registers**, exactly as forward v4 feeds $P$: the fp32 accumulator of
+#   $S^\top$ (then $dS^\top$) repacked to 16 bits is the A operand of `wgmma` RS for $dV \mathrel{+}= P^\top dO$
+#   and $dK \mathrel{+}= dS^\top Q$;
+# - **the B operand is read transposed.** $dO$ and $Q$ sit in shared memory K-major for $S^\top$ and $dP^\top$
+#   (a row is a query's D values), but for $dV$ and $dK$ their K dimension is the queries, down the rows:
+#   the same tile read MN-major (the instruction's `imm-trans-b` = 1, and the descriptor's leading offset
+#   is the distance between 64-column blocks, BM x 128 bytes). Nothing is copied or transposed in memory;
+# - dK and dV (64 x D a warpgroup) stay in registers: 254 registers a thread at D = 128, one 256-thread CTA
+#   an SM (v2: two of 128).
+#
+# The region you write is those two RS products:
+
+# %%
+print(region("step07_bwd_wgmma.cu", "dV += P^T dO, then dK += dS^T Q"))
+if on_gpu and torch.cuda.get_device_capability() == (9, 0):
+    for dtype in (torch.float16, torch.bfloat16):
+        for D in (64, 128):
+            for nq, nk in [(100, 100), (257, 129), (17, 300)]:
+                for causal in (False, True):
+                    q, k, v = make_qkv(2, 3, nq, nk, D, dtype=dtype, device=device)
+                    # forward v3 (any GPU) and backward v3: a mismatch here is the backward's
+                    attn = lambda q, k, v, is_causal, scale, D=D: step07.FlashAttentionCUDA.apply(
+                        q, k, v, is_causal, scale or D ** -0.5, 3, None, 3)
+                    check_attention(attn, q, k, v, is_causal=causal)
+    print("backward v3: dQ, dK, dV match the float64 reference (fp16, bf16; D 64, 128; causal and not; Nq != Nk)")
+else:
+    print("backward v3 runs on sm_90 (H100/H200) only: skipped here")
+
+# %% [markdown]
+# `bench/experiments/cuda_bwd_wgmma.py --sanitize` checked and timed the kernel on the H200 (2026-12-01, the
+# tree of 29222e3, `results/h200/step07_bwd_wgmma/`, whose README has the full table): 112 of 112 cases
+# against the float64 reference, compute-sanitizer memcheck and racecheck clean. Its timing, one run, bf16,
+# B = 16384 / N, H = 2048 / D ("hybrid" is v3: v2's Delta and dQ with the `wgmma` dK/dV):
+
+# %%
+bwrun = json.loads((RESULTS / "step07_bwd_wgmma" / "cuda_bwd_wgmma.json").read_text())
+bm, bp = bwrun["meta"], bwrun["parts"]
+print(f"recorded: {bm['gpu']}, torch {bm['torch']}, CUDA {bm['cuda']}, {bm['date_utc']}, git {bm['git']}; "
+      f"reference {bp['2 correctness']['n'] - bp['2 correctness']['n_fail']}/{bp['2 correctness']['n']}, "
+      f"memcheck rc {bp['4 sanitize']['memcheck']['rc']}, racecheck rc {bp['4 sanitize']['racecheck']['rc']}")
+print(f"{'D':>4} {'causal':>6} {'N':>6} {'dK/dV ms':>9} {'v3 ms':>7} {'v2 ms':>7} {'dK/dV / v2':>11} "
+      f"{'v3 vs v2':>9} {'v3 TFLOP/s':>11} {'x cuDNN bwd: v3':>16} {'v2':>5} {'fwd+bwd v5+v3':>14} {'v5+v2':>6}")
+for r in sorted(bp["3 timing"]["rows"], key=lambda r: (r["D"], r["causal"], r["N"])):
+    ms, ra = r["ms"], r["ratios"]
+    print(f"{r['D']:>4} {str(r['causal']):>6} {r['N']:>6} {ms['wgmma-dkdv-c0']:9.2f} {ms['hybrid-bwd-c0']:7.2f} "
+          f"{ms['v2-bwd']:7.2f} {ra['wgmma-dkdv-c0/v2-bwd']:11.2f} {ms['v2-bwd'] / ms['hybrid-bwd-c0']:8.2f}x "
+          f"{r['tflops']['hybrid-bwd-c0']:11.0f} {ra['x_cudnn_bwd[hybrid-bwd-c0]']:16.2f} "
+          f"{ra['x_cudnn_bwd[v2-bwd]']:5.2f} {ra['x_cudnn_fwd+bwd[v5+hybrid-bwd-c0]']:14.2f} "
+          f"{ra['x_cudnn_fwd+bwd[v5+v2-bwd]']:6.2f}")
+
+# %% [markdown]
+# What it says (one run): the `wgmma` dK/dV kernel takes 0.33-0.39 of v2's whole backward time, so the
+# backward runs 1.19-1.36x faster than v2's, 0.53-0.64x cuDNN's backward (v2: 0.43-0.52x); forward v5 with it,
+# 0.59-0.70x cuDNN's forward + backward (with v2: 0.49-0.58x). Delta and dQ, still v2's `mma.sync` kernels,
+# are now 0.53-0.58 of v3's time: the next step is dQ itself, on `wgmma` or, as FlashAttention-2 and 3 do,
+# accumulated with fp32 atomics inside the dK/dV kernel (five products instead of seven). Not done either:
+# FlashAttention-3's TMA loads from a producer warpgroup with `setmaxnreg`, and the exponentials of one tile
+# under the next tile's $S^\top$ / $dP^\top$.
 
 # %% [markdown]
 # ## 9. The extension as a PyTorch operator
@@ -691,6 +763,7 @@ show(["sdpa-flash", "step07-bwd1", "step07-bwd2"], mode="bwd")
 # | forward v5, TMA + producer/consumer warpgroups + `setmaxnreg` (sm_90a), 128 x 128 tiles (config 4: ping-pong) | 521 TFLOP/s, 0.85× cuDNN (config 4: 580, 0.95×) | ≈ 1.2× (1.3×) |
 # | backward v1, scalar | 6.8 TFLOP/s (N=1024) | — |
 # | backward v2, `mma.sync` | 231 TFLOP/s, 0.75× SDPA-FLASH | ≈ 34× |
+# | backward v3, dK/dV on `wgmma` (sm_90a; Delta, dQ: v2's) | 285 TFLOP/s, 0.53× cuDNN's backward (own run: v2 236) | ≈ 1.2× |
 #
 # What is left, for the curious: v5 has FlashAttention-3's TMA loads, warp specialization and ping-pong;
 # not yet its overlap of one tile's softmax with the next tile's Q K^T inside a warpgroup, its TMA store of O,
