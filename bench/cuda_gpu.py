@@ -163,9 +163,11 @@ def bench(mod, versions, Ds, Ns, slow_n, bwd_ns, info):
                     b_sdpa = do_bench(lambda: torch.autograd.grad(o_ref, (q, k, v), do, retain_graph=True),
                                       warmup=25, rep=100, return_mode="median")
                     row("sdpa-flash", None, "bwd", B, H, N, D, causal, b_sdpa, b_sdpa)
-                    for bv in (1, 2):
+                    for bv in (1, 2, 3):
                         if bv == 1 and N > slow_n:
                             continue
+                        if bv in mod.BWD_ARCH_ONLY and torch.cuda.get_device_capability() != mod.BWD_ARCH_ONLY[bv]:
+                            continue                # backward v3 (wgmma dK/dV): sm_90a only
                         o_ours = mod.FlashAttentionCUDA.apply(q, k, v, causal, D ** -0.5, 3, 0, bv)
                         b_ours = do_bench(lambda: torch.autograd.grad(o_ours, (q, k, v), do, retain_graph=True),
                                           warmup=25, rep=100, return_mode="median")
