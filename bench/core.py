@@ -133,6 +133,7 @@ def implementations(impl_root="solutions", device="cpu"):
     add("step07", 7)
     add("step07-v4", 7, version=4)     # sm_90a only: a ValueError row elsewhere
     add("step07-v5", 7, version=5)
+    add("step07-v6", 7, version=6)
     return impls
 
 
