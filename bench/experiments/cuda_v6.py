@@ -51,7 +51,7 @@ instances (fp16/bf16 x configs 0, 2, 6 at D 64/128, 7 at D=64):
 Answer: yes, in FlashAttention-3's order. One H200, 2026-12-01 21:09 UTC (commit 29222e3, the experiment's own
 copy), `--sanitize --budget-s 140`, 91 s: 196/196 cases match the float64 reference, compute-sanitizer memcheck and
 racecheck clean. bf16, N 4k-16k (B = 16384/N, H = 2048/D), ratio to cuDNN in the same run (results/h200/step07_v6/):
-  - config 2 (128 x 128, order 0): D = 64 0.94-1.00x (395-452 TFLOP/s), D = 128 0.91-1.06x (507-605): 1.03-1.10x
+  - config 2 (128 x 128, order 0): D = 64 0.94-1.00x (395-452 TFLOP/s), D = 128 0.91-1.06x (507-605): 1.03-1.12x
     v5's config 2 (0.90-0.95x and 0.85-0.96x in the run), and faster than cuDNN at D = 128 causal N = 16384;
   - config 0 (128 x 64, order 0): 0.76-0.90x, behind v5's config 2 (half as long a P V to hide the softmax under);
   - the S-next orders (configs 6, 7): 0.51-0.78x, slower than everything: two S tiles live, more waits.

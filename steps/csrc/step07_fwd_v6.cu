@@ -5,7 +5,7 @@
 // H200, bf16, N 4k-16k (B = 16384/N, H = 2048/D), config 2 (128 x 128 tiles, 2 stages), against
 // cuDNN's SDPA in the same run: D = 64 395-452 TFLOP/s (0.94-1.00x cuDNN), D = 128 507-605
 // (0.91-1.06x: faster than cuDNN at causal N = 16384); v5's config 2 in that run 0.90-0.95x and
-// 0.85-0.96x, so v6 is 1.03-1.10x v5 (bench/experiments/cuda_v6.py, results/h200/step07_v6/).
+// 0.85-0.96x, so v6 is 1.03-1.12x v5 (bench/experiments/cuda_v6.py, results/h200/step07_v6/).
 //
 // What changes from v5 (step07_fwd_v5.cu): the consumers' loop, nothing else. v5 issues
 // P_{j-1} V_{j-1} and S_j = Q K_j^T, waits for BOTH (wgmma_wait<0>), then runs the softmax of
