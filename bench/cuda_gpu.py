@@ -76,9 +76,9 @@ VALIDATE = [  # (batch, Nq, Nk, D)
 
 
 def variants(mod, versions, D):
-    """(name, version, config) for every forward timed: each version, and each of v3's, v4's and v5's configs."""
+    """(name, version, config) for every forward timed: each version, and each of v3's to v6's configs."""
     out = []
-    tables = {3: mod.V3_CONFIGS, 4: mod.V4_CONFIGS, 5: mod.V5_CONFIGS}
+    tables = {3: mod.V3_CONFIGS, 4: mod.V4_CONFIGS, 5: mod.V5_CONFIGS, 6: mod.V6_CONFIGS}
     for version in versions:
         configs = tables[version][D] if version in tables else (0,)
         for c in configs:
@@ -290,7 +290,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="JSON file for the rows")
     ap.add_argument("--impl", default="solutions")
-    ap.add_argument("--versions", default="1,2,3,4,5", help="v4 and v5 (wgmma) are dropped off sm_90")
+    ap.add_argument("--versions", default="1,2,3,4,5,6", help="v4 to v6 (wgmma) are dropped off sm_90")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--ns", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--slow-n", type=int, default=2048, help="largest N for v1")
@@ -328,7 +328,7 @@ def main(argv=None):
     mod.build(verbose=False)
     print(f"build (or cache load): {time.time() - t:.0f} s", flush=True)
     versions = [int(x) for x in args.versions.split(",")]
-    for hopper in (4, 5):
+    for hopper in (4, 5, 6):
         if hopper in versions and torch.cuda.get_device_capability() != (9, 0):
             print(f"v{hopper} needs sm_90a (wgmma): not run on this GPU", flush=True)
             versions.remove(hopper)

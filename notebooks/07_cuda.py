@@ -17,7 +17,7 @@
 # # Step 07 — FlashAttention in hand-written CUDA, from the first kernel to tensor cores
 #
 # The algorithm of steps 04–06, once more, now as CUDA C++ kernels built into PyTorch with
-# `torch.utils.cpp_extension`. Seven kernels, each kept, each checked against the float64 reference before
+# `torch.utils.cpp_extension`. Nine kernels, each kept, each checked against the float64 reference before
 # it is timed (the `dev/cuda` habit of llm.c):
 #
 # | file (`steps/csrc/`) | version | what changes |
@@ -27,6 +27,7 @@
 # | `step07_fwd_v3.cu` | forward v3 | `cp.async` double buffering, `ldmatrix`, XOR-swizzled shared memory, 32 rows per warp, base-2 softmax, causal tiles scheduled longest first |
 # | `step07_fwd_v4.cu` | forward v4 | v3 on Hopper's `wgmma` (sm_90a only): warpgroups of 64 rows, Q/K/V read by the tensor cores through shared-memory descriptors, P from registers (descriptors and `wgmma` wrappers in `step07_wgmma.cuh`, shared with v5) |
 # | `step07_fwd_v5.cu` | forward v5 | v4 warp-specialized (sm_90a only): TMA loads by a producer warpgroup into an mbarrier ring, two consumer warpgroups, `setmaxnreg`, optional ping-pong |
+# | `step07_fwd_v6.cu` | forward v6 | v5 with each tile's exponentials computed while the tensor cores still run the previous tile's P V (FlashAttention-3's intra-warpgroup overlap; sm_90a only; v5's producer, ring and epilogue in `step07_tma.cuh`) |
 # | `step07_bwd.cu` | backward v1 | Delta, then a dK/dV kernel and a dQ kernel, scalar fp32 |
 # | `step07_bwd_mma.cu` | backward v2 | the same split on tensor cores |
 # | `step07_bwd_wgmma.cu` | backward v3 | v2 with its dK/dV kernel on `wgmma` (sm_90a only; Delta and dQ stay v2's) |
@@ -527,25 +528,26 @@ def excerpt(file, start, n=1):
     i = next(i for i, line in enumerate(lines) if start in line)
     return "\n".join(f"{i + 1 + k:4d}  {line}" for k, line in enumerate(lines[i:i + n]))
 
-V5 = "step07_fwd_v5.cu"
-print("// the configs' register split\n" + excerpt(V5, "static constexpr int PRODUCER_REGS", 3))
+V5, TMA = "step07_fwd_v5.cu", "step07_tma.cuh"   # v5's kernel; the machinery v5 and v6 share
+print("// the configs' register split\n" + excerpt(TMA, "static constexpr int PRODUCER_REGS", 3))
 print("\n// one full and one empty barrier per stage for K and for V (arrivals expected: 1 producer, 128 a consumer)\n"
-      + excerpt(V5, "for (int s = 0; s < STAGES; ++s) {", 6))
-print("\n// the producer arms a full barrier with its byte count ...\n" + excerpt(V5, "void mbar_expect_tx", 3))
-print("\n// ... and TMA's copy completes the bytes on it\n" + excerpt(V5, "void tma_load_3d", 6))
+      + excerpt(TMA, "for (int s = 0; s < Cfg::STAGES; ++s) {", 6))
+print("\n// the producer arms a full barrier with its byte count ...\n" + excerpt(TMA, "void mbar_expect_tx", 3))
+print("\n// ... and TMA's copy completes the bytes on it\n" + excerpt(TMA, "void tma_load_3d", 6))
 print("\n// the roles part: the producer gives registers back, the consumers take them\n"
-      + excerpt(V5, "regs_dec<Cfg::PRODUCER_REGS>", 1) + "\n" + excerpt(V5, "regs_inc<Cfg::CONSUMER_REGS>", 1))
+      + excerpt(V5, "regs_dec<Cfg::PRODUCER_REGS>", 2) + "\n" + excerpt(V5, "regs_inc<Cfg::CONSUMER_REGS>", 1))
 print("\n// a consumer, once its products are done, releases the stage to the producer\n"
-      + excerpt(V5, "mbar_arrive(empty_k(st))", 2))
+      + excerpt(V5, "mbar_arrive(r.empty_k(st))", 2))
 print("\n// ping-pong: wait for my turn, issue, hand the turn over\n"
       + excerpt(V5, "named_sync(1 + cw, 256)", 1) + "\n" + excerpt(V5, "named_arrive(2 - cw, 256)", 1))
 
 # %% [markdown]
 # The region you write is the producer's loop body: wait for the stage to be free, arm its full barrier,
-# issue the TMA loads.
+# issue the TMA loads. It lives in `step07_tma.cuh`, with the rest of what v5 shares with v6 (next section):
+# the ring, the tensor maps, the epilogue.
 
 # %%
-print(region("step07_fwd_v5.cu", "wait until the consumers have released stage st"))
+print(region("step07_tma.cuh", "wait until the consumers have released stage st"))
 if on_gpu and torch.cuda.get_device_capability() == (9, 0):
     check_version(5, (torch.float16, torch.bfloat16))
 else:
@@ -624,8 +626,92 @@ for a, b, what in deltas:
 #   up to 9% (D = 64 causal).
 # - **Three consumers** (config 5) help at D = 64 against config 0 (+7-15%) but stay below config 2.
 #
-# Still missing against cuDNN and FlashAttention-3: the softmax of tile j under the Q K^T of tile j+1 inside one
-# warpgroup, a TMA store of O, persistent CTAs, cluster multicast of K and V.
+# Still missing against cuDNN and FlashAttention-3: the softmax of one tile under a product still in flight
+# inside one warpgroup (v6, next), a TMA store of O, persistent CTAs, cluster multicast of K and V.
+
+# %% [markdown]
+# ### Forward v6: the softmax under the product (H100/H200 only)
+#
+# In v5 a consumer issues $O \mathrel{+}= P_{j-1} V_{j-1}$ and $S_j = Q K_j^\top$, waits for **both**, then
+# computes the softmax of $S_j$. While it computes exponentials its tensor cores have work only if the other
+# consumer has a batch queued (ping-pong tries to arrange that, and paid in one corner only). FlashAttention-3
+# (§3.2, "intra-warpgroup overlapping") keeps one product in flight **inside the same warpgroup**:
+#
+# 1. issue $S_j = Q K_j^\top$, then $O \mathrel{+}= P_{j-1} V_{j-1}$ (two commit groups, in this order);
+# 2. `wgmma_wait<1>()`: wait until at most one group is pending. Groups retire in the order they were
+#    committed, so the one left pending is the newer, $P_{j-1} V_{j-1}$: $S_j$ is ready. (Issued the other way
+#    round, the same wait would leave $S_j$ pending, and the softmax would read registers the tensor cores may
+#    still be writing: a race that neither the compiler nor `compute-sanitizer` reports, only the reference check);
+# 3. mask, row max, `exp2`, row sums of $S_j$: the SFU and FMA pipes work while the tensor cores run $P V$;
+# 4. `wgmma_wait<0>()`, then what touches $O$ or $P$: $O \mathrel{*}= \alpha$, pack $P_j$.
+#
+# v6 (`step07_fwd_v6.cu`) is v5 with exactly that loop: the producer, the ring, the tensor maps and the
+# epilogue are v5's (`step07_tma.cuh`), and so is the register budget (one $S$ tile live, nothing in flight at
+# the loop's back edge). Two things the machine code showed and the source alone does not: `ptxas` hoists a
+# `wgmma` wait to the top of its basic block, above every exponential, unless something ends the block after
+# them (v6 ends it with the wait on $V_j$'s mbarrier, needed next anyway), and an accumulator still in flight
+# across the loop's back edge makes `ptxas` serialize every `wgmma` of the kernel (warning C7514). The test
+# `tests/test_experiment_cuda_v6.py` reads the SASS: every `MUFU.EX2` of a tile is issued between the
+# `HGMMA` group of $P V$ and the `WARPGROUP.DEPBAR` that retires it; in v5 none is. Your region is the loop
+# body, in this order:
+
+# %%
+print(region("step07_fwd_v6.cu", "issue S_j (issue_s)"))
+if on_gpu and torch.cuda.get_device_capability() == (9, 0):
+    check_version(6, (torch.float16, torch.bfloat16))
+else:
+    print("v6 runs on sm_90 (H100/H200) only: skipped here")
+
+# %% [markdown]
+# `bench/experiments/cuda_v6.py --sanitize` checked and timed it on the H200 (2026-12-01, commit 29222e3, as an
+# experiment whose config 2 kernels compile, instruction for instruction, to the course's;
+# `results/h200/step07_v6/`): 196 of 196 cases against the float64 reference, compute-sanitizer memcheck and
+# racecheck clean. The run also timed a second order, "S-next" (configs 6 and 7: the exponentials of tile $j$
+# under $Q K_{j+1}^\top$, two $S$ tiles live), which did not make it into the course:
+
+# %%
+v6run = json.loads((RESULTS / "step07_v6" / "cuda_v6.json").read_text())
+wm, wp = v6run["meta"], v6run["parts"]
+print(f"recorded: {wm['gpu']}, torch {wm['torch']}, {wm['date_utc']}, git {wm['git']}; "
+      f"reference {wp['2 correctness']['n'] - wp['2 correctness']['n_fail']}/{wp['2 correctness']['n']}, "
+      f"memcheck rc {wp['4 sanitize']['memcheck']['rc']}, racecheck rc {wp['4 sanitize']['racecheck']['rc']}")
+v6rows = sorted(wp["3 timing"]["rows"], key=lambda r: (r["D"], r["causal"], r["N"]))
+v6impls = ["sdpa-flash", "v5-c2", "v6-c0", "v6-c2", "v6-c6", "v6-c7"]
+v6names = {"sdpa-flash": "SDPA FLASH (FlashAttention-2)", "v5-c2": "v5 config 2 (128x128)",
+           "v6-c0": "v6 config 0 (128x64)", "v6-c2": "v6 config 2 (128x128, default)",
+           "v6-c6": "S-next 128x64 (left out)", "v6-c7": "S-next 128x128, D=64 (left out)"}
+fig, axes = plt.subplots(1, 2, figsize=(16, 4.2), sharey=True)
+width = 0.8 / len(v6impls)
+for ax, D in zip(axes, (64, 128)):
+    rs = [r for r in v6rows if r["D"] == D]
+    for i, impl in enumerate(v6impls):
+        xs = [j + (i - (len(v6impls) - 1) / 2) * width for j in range(len(rs))]
+        ax.bar(xs, [r["x_cudnn"].get(impl, 0) for r in rs], width, label=v6names[impl],
+               color={"sdpa-flash": "silver", "v5-c2": "gray"}.get(impl))
+    ax.axhline(1.0, color="k", lw=0.8); ax.axhline(0.9, color="k", lw=0.8, ls=":")
+    ax.set_xticks(range(len(rs)), [f"N={r['N']}\n{'causal' if r['causal'] else 'full'}" for r in rs], fontsize=8)
+    ax.set_title(f"D={D}"); ax.set_ylim(0.4, 1.1)
+axes[0].set_ylabel("x cuDNN (same run)"); axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+fig.suptitle(f"{wm['gpu']}, {wm['date_utc']}: forward v5 and v6, bf16, ratio to cuDNN (one run)")
+plt.tight_layout(); plt.show()
+
+print(f"{'':34s}" + "".join(f"{'D=%d %s' % (D, 'causal' if c else 'full'):>16s}" for D, c in shapes))
+for what, f in [("v6 config 2 / v5 config 2", lambda r: r["tflops"]["v6-c2"] / r["tflops"]["v5-c2"]),
+                ("v6 config 2 / cuDNN", lambda r: r["x_cudnn"]["v6-c2"]),
+                ("v5 config 2 / cuDNN", lambda r: r["x_cudnn"]["v5-c2"])]:
+    cells = []
+    for D, c in shapes:
+        x = [f(r) for r in v6rows if (r["D"], r["causal"]) == (D, c)]
+        cells.append(f"{min(x):.2f}-{max(x):.2f}x".rjust(16))
+    print(f"{what:34s}" + "".join(cells))
+
+# %% [markdown]
+# What it says (one run, N = 4096-16384): the overlap is worth **3-12% over v5** at the same 128 x 128 tiles,
+# and takes the forward to **0.91-1.06x cuDNN**: level with or faster than cuDNN at N >= 8192 causal and at
+# D = 64 N = 16384, behind it at N = 4096 (0.91-0.95x). With 128 x 64 tiles (config 0) the $P V$ under
+# which the exponentials hide is half as long, and v6 stays behind v5's default. The S-next order, which hides
+# the exponentials under the *next* tile's $Q K^\top$ instead, keeps two $S$ tiles live and needs more waits: it
+# was the slowest thing in the run (0.51-0.78x cuDNN).
 #
 # ## 8. The backward
 #
@@ -639,7 +725,7 @@ for a, b, what in deltas:
 # does five). Version 2 runs every product on the tensor cores; in the dK/dV kernel a warp owns 16 keys and
 # computes $S^\top = K Q^\top$ directly, so that $P^\top$ and $dS^\top$ come out in the A-fragment layout
 # of $dV \mathrel{+}= P^\top dO$ and $dK \mathrel{+}= dS^\top Q$. Forward v1 is paired with backward v1,
-# v2 and v3 with backward v2, the sm_90a forwards (v4, v5) with backward v3 (below).
+# v2 and v3 with backward v2, the sm_90a forwards (v4 to v6) with backward v3 (below).
 
 # %%
 print(region("step07_bwd_mma.cu", "P^T = exp2"))
@@ -761,14 +847,16 @@ for r in sorted(bp["3 timing"]["rows"], key=lambda r: (r["D"], r["causal"], r["N
 # | forward v3, `cp.async` + `ldmatrix` + swizzle + 32 rows/warp | 340 TFLOP/s, 0.97× SDPA-FLASH | ≈ 6× |
 # | forward v4, `wgmma` from shared-memory descriptors (sm_90a), 128 x 64 tiles | 434 TFLOP/s, 0.71× cuDNN, 1.24× SDPA-FLASH | ≈ 1.3× |
 # | forward v5, TMA + producer/consumer warpgroups + `setmaxnreg` (sm_90a), 128 x 128 tiles (config 4: ping-pong) | 521 TFLOP/s, 0.85× cuDNN (config 4: 580, 0.95×) | ≈ 1.2× (1.3×) |
+# | forward v6, v5 + the exponentials under the previous tile's P V (sm_90a), 128 x 128 tiles | 605 TFLOP/s, 0.99× cuDNN, 1.84× SDPA-FLASH | ≈ 1.1× (v5 in the same run: 540) |
 # | backward v1, scalar | 6.8 TFLOP/s (N=1024) | — |
 # | backward v2, `mma.sync` | 231 TFLOP/s, 0.75× SDPA-FLASH | ≈ 34× |
 # | backward v3, dK/dV on `wgmma` (sm_90a; Delta, dQ: v2's) | 285 TFLOP/s, 0.53× cuDNN's backward (own run: v2 236) | ≈ 1.2× |
 #
-# What is left, for the curious: v5 has FlashAttention-3's TMA loads, warp specialization and ping-pong;
-# not yet its overlap of one tile's softmax with the next tile's Q K^T inside a warpgroup, its TMA store of O,
-# persistent CTAs or cluster multicast (its paper reports up to about 740 TFLOP/s in fp16 on an H100); a
-# persistent grid would also help causal load balance; the 48-byte spill of v3 sits in the prefetch path.
+# What is left, for the curious: v5 and v6 have FlashAttention-3's TMA loads, warp specialization, ping-pong
+# and its intra-warpgroup overlap; not yet its TMA store of O, persistent CTAs or cluster multicast (its paper
+# reports up to about 740 TFLOP/s in fp16 on an H100); a persistent grid would also help causal load balance
+# (v6 is at 0.91-0.95x cuDNN at N = 4096, where the last wave of CTAs weighs most); the 48-byte spill of v3
+# sits in the prefetch path.
 #
 # To check your own kernels on a GPU:
 #

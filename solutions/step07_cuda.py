@@ -12,12 +12,17 @@ The same algorithm as steps 04-06, written as CUDA C++ kernels in ``csrc/``:
     csrc/step07_fwd_v5.cu   v5: v4 warp-specialized: TMA loads by a producer warpgroup into
                             an mbarrier ring, two consumer warpgroups, setmaxnreg, optional
                             ping-pong; sm_90a only
-    csrc/step07_wgmma.cuh   v4's and v5's wgmma: the swizzled layout, the descriptor, the
+    csrc/step07_fwd_v6.cu   v6: v5 with each tile's exponentials computed while the tensor
+                            cores still run the previous tile's P V (FlashAttention-3's
+                            intra-warpgroup overlap); sm_90a only
+    csrc/step07_wgmma.cuh   v4's to v6's wgmma: the swizzled layout, the descriptor, the
                             instructions
+    csrc/step07_tma.cuh     v5's and v6's warp-specialized machinery: mbarriers, TMA loads and
+                            tensor maps, setmaxnreg, the producer warpgroup, the epilogue
     csrc/step07_bwd.cu      backward v1: Delta, then dK/dV and dQ kernels, scalar fp32 (any dtype)
     csrc/step07_bwd_mma.cu  backward v2: the same split on tensor cores (fp16/bf16)
     csrc/step07_bwd_wgmma.cu backward v3: v2 with its dK/dV kernel on wgmma (Delta and dQ are
-                            v2's kernels); sm_90a only, the default backward of v4 and v5
+                            v2's kernels); sm_90a only, the default backward of v4 to v6
     csrc/step07_binding.cpp the torch glue (the only file that includes torch)
 
 Each version's measured speed is in the header of its .cu file and in
@@ -37,9 +42,9 @@ the first time it is called (a minute or so), then loads the cached module:
   (sm_90a on an H100/H200, sm_80 on an A100): machine code for this chip and no
   other, so nothing is JIT-compiled from PTX when the module loads. On 9.0 the
   target is ``sm_90a``, not ``sm_90``: the "a" (architecture-specific) features,
-  wgmma, setmaxnreg and TMA's tensor loads among them, exist only there, and v4 and
-  v5 need them; code built for sm_90a runs on sm_90 GPUs only. Elsewhere their kernels
-  compile to an empty body and ``attention(..., version=4)`` (or 5) is refused with a
+  wgmma, setmaxnreg and TMA's tensor loads among them, exist only there, and v4 to
+  v6 need them; code built for sm_90a runs on sm_90 GPUs only. Elsewhere their kernels
+  compile to an empty body and ``attention(..., version=4)`` (5, 6) is refused with a
   ValueError before any launch.
 - cache: the build directory is ``$ATTN_BUILD_DIR`` (default
   ``~/.cache/attn-course``) / ``attn_step07_<hash>``, the hash taken over every
@@ -64,9 +69,10 @@ from attnlib.ops import extension_op, op_namespace
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ["step07_binding.cpp", "step07_fwd_v1.cu", "step07_fwd_v2.cu", "step07_fwd_v3.cu", "step07_fwd_v4.cu",
-           "step07_fwd_v5.cu", "step07_bwd.cu", "step07_bwd_mma.cu", "step07_bwd_wgmma.cu"]
-HEADERS = ["step07_launch.h", "step07_common.cuh", "step07_wgmma.cuh"]
-VERSIONS = (1, 2, 3, 4, 5)
+           "step07_fwd_v5.cu", "step07_fwd_v6.cu", "step07_bwd.cu", "step07_bwd_mma.cu",
+           "step07_bwd_wgmma.cu"]
+HEADERS = ["step07_launch.h", "step07_common.cuh", "step07_wgmma.cuh", "step07_tma.cuh"]
+VERSIONS = (1, 2, 3, 4, 5, 6)
 # v3's tile shapes (FlashAttentionCUDA's `config`; 0 is what attention() uses):
 # see launch_d in csrc/step07_fwd_v3.cu. bench/cuda_gpu.py times them all.
 V3_CONFIGS = {64: (0, 1, 2, 3), 128: (0, 1, 2)}
@@ -75,13 +81,16 @@ V4_CONFIGS = {64: (0, 1), 128: (0, 1)}
 # v5's (launch_d in csrc/step07_fwd_v5.cu): 0 = 128 x 64 tiles, 2 stages; 1 = 128 x 64, 4 stages;
 # 2 = 128 x 128, 2 stages; 3 = 0 with ping-pong; 4 = 2 with ping-pong; 5 = three consumers, 192 x 64.
 V5_CONFIGS = {64: (0, 1, 2, 3, 4, 5), 128: (0, 1, 2, 3, 4, 5)}
+# v6's (launch_d in csrc/step07_fwd_v6.cu; v5's numbers for the same tiles): 0 = 128 x 64, 2 = 128 x 128.
+V6_CONFIGS = {64: (0, 2), 128: (0, 2)}
 # The config each version runs when none is asked for: v4's 128 x 64 tiles were the faster at every
 # shape on the H200 (results/h200/step07_v4/README.md); v5's 128 x 128 tiles, 2 stages, the fastest at
 # 9 of 12 shapes and 1% behind at a tenth (config 4, ping-pong, 1.09-1.11x it at D=128 without a mask,
-# N 4k and 16k; one run, results/h200/step07_v5/); v3's table is its config 0.
-DEFAULT_CONFIG = {4: 1, 5: 2}
-# Versions that need a particular GPU: v4's and v5's wgmma exist on compute capability 9.0 only.
-ARCH_ONLY = {4: (9, 0), 5: (9, 0)}
+# N 4k and 16k; one run, results/h200/step07_v5/); v6's 128 x 128 tiles, faster than its 128 x 64 at
+# every shape measured (results/h200/step07_v6/); v3's table is its config 0.
+DEFAULT_CONFIG = {4: 1, 5: 2, 6: 2}
+# Versions that need a particular GPU: the wgmma of v4 to v6 exists on compute capability 9.0 only.
+ARCH_ONLY = {4: (9, 0), 5: (9, 0), 6: (9, 0)}
 HEAD_DIMS = (64, 128)
 DTYPES = {
     1: (torch.float32, torch.float16, torch.bfloat16),
@@ -89,6 +98,7 @@ DTYPES = {
     3: (torch.float16, torch.bfloat16),
     4: (torch.float16, torch.bfloat16),
     5: (torch.float16, torch.bfloat16),
+    6: (torch.float16, torch.bfloat16),
 }
 NVCC_FLAGS = ["-O3", "--use_fast_math", "-lineinfo"]   # cpp_extension adds -std=c++17/20 itself
 
@@ -190,7 +200,7 @@ def _flat(t):
 # step07_fwd's autograd formula calls step07_bwd.
 
 FWD_FILES = {1: "step07_fwd_v1.cu", 2: "step07_fwd_v2.cu", 3: "step07_fwd_v3.cu", 4: "step07_fwd_v4.cu",
-             5: "step07_fwd_v5.cu"}
+             5: "step07_fwd_v5.cu", 6: "step07_fwd_v6.cu"}
 BWD_FILES = {1: "step07_bwd.cu", 2: "step07_bwd_mma.cu", 3: "step07_bwd_wgmma.cu"}
 # Backward versions that need a particular GPU: v3's dK/dV kernel is wgmma, compute capability 9.0 only.
 BWD_ARCH_ONLY = {3: (9, 0)}
@@ -266,7 +276,7 @@ def _bwd_fake(q, k, v, o, lse, do, is_causal, scale, bwd_version):
 
 def default_bwd_version(version, dtype):
     """Forward v1 (and any fp32 input) pairs with backward v1; v2 and v3 with v2 (tensor cores);
-    the sm_90a-only forwards (ARCH_ONLY: v4, v5) with v3 (dK/dV on wgmma), which runs where they do."""
+    the sm_90a-only forwards (ARCH_ONLY: v4 to v6) with v3 (dK/dV on wgmma), which runs where they do."""
     if version == 1 or dtype == torch.float32:
         return 1
     return 3 if version in ARCH_ONLY else 2
@@ -315,12 +325,12 @@ class FlashAttentionCUDA(torch.autograd.Function):
 
     ``apply(q, k, v, is_causal=False, scale=None, version=3, config=None, bwd_version=None)`` -> O.
     Saves q, k, v, o and exactly one LSE (float32, (..., Nq), natural log).
-    ``config`` picks v3's tile shape (V3_CONFIGS), v4's (V4_CONFIGS) or v5's (V5_CONFIGS), by default
+    ``config`` picks v3's tile shape (V3_CONFIGS), v4's (V4_CONFIGS), v5's (V5_CONFIGS) or v6's (V6_CONFIGS), by default
     DEFAULT_CONFIG's;
     v1 and v2 ignore it.
     ``bwd_version``: 1, the scalar backward, 2, the tensor-core one (mma.sync), or 3, v2 with
     dK/dV on wgmma (sm_90a only); by default forward v1 (and any fp32 input) is paired with
-    backward v1, v2 and v3 with v2, the sm_90a forwards (v4, v5) with v3 (default_bwd_version).
+    backward v1, v2 and v3 with v2, the sm_90a forwards (v4 to v6) with v3 (default_bwd_version).
     """
 
     @staticmethod
@@ -347,6 +357,6 @@ def attention_with_lse(q, k, v, is_causal=False, scale=None, version=3):
 
 
 def attention(q, k, v, is_causal=False, scale=None, version=3):
-    """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2, 3; 4 or 5 on sm_90)."""
+    """The course contract, on the CUDA kernels; ``version`` picks the forward (1, 2, 3; 4, 5 or 6 on sm_90)."""
     s = _validate(q, k, v, is_causal, scale, version, "step07 attention")
     return FlashAttentionCUDA.apply(q, k, v, is_causal, s, version)

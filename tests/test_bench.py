@@ -35,6 +35,24 @@ def test_measure_ratio_oom_and_roundtrip(tmp_path):
     assert made and all(p.exists() and p.stat().st_size > 1000 for p in made)
 
 
+def test_forward_only_kernels_get_no_fwd_bwd_time():
+    """Step 05's backward is step 04's PyTorch one: a "fwd+bwd" row for it would time PyTorch (86 ms at
+    N=4096 in the 12-01 grid), so it is a refusal row that names where the Triton backward is timed."""
+    calls = []
+
+    def naive(q, k, v, c):
+        calls.append(q.requires_grad)
+        return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+    kw = dict(B=1, H=2, N=32, D=16, causal=False, dtype=torch.float32, device="cpu", suite="grid")
+    fwd, both = core.measure("step05", naive, **kw)
+    assert fwd.mode == "fwd" and fwd.status == "ok" and fwd.ms > 0
+    assert both.mode == "fwd+bwd" and both.ms is None and both.status.startswith("unsupported: forward only")
+    assert "step 06" in both.status
+    n = len(calls)
+    assert core.measure("step06", naive, **kw)[1].status == "ok" and len(calls) > n
+
+
 def test_compiled_rows_never_time_an_eager_fallback():
     """Past its recompile limit Dynamo silently runs eager; the bench must say so, not time it."""
     import torch._dynamo

@@ -168,7 +168,7 @@ def test_unknown_version_is_a_value_error(load):
     m = load(7)
     q, k, v = make_qkv(1, 1, 8, D=64, dtype=torch.float16)
     with pytest.raises(ValueError, match="version"):
-        m.attention(q, k, v, version=6)
+        m.attention(q, k, v, version=7)
 
 
 def test_cpu_tensors_are_a_value_error(load):
@@ -197,9 +197,10 @@ def test_v4_refused_off_sm90(load):
     m = load(7)
     m.check_version_arch(4, (9, 0))
     m.check_version_arch(5, (9, 0))
+    m.check_version_arch(6, (9, 0))
     m.check_version_arch(3, (8, 0))
     for cap in [(8, 0), (8, 9), (10, 0), (12, 0)]:
-        for version in (4, 5):
+        for version in (4, 5, 6):
             with pytest.raises(ValueError, match="wgmma.*sm_90a.*" + f"{cap[0]}\\.{cap[1]}"):
                 m.check_version_arch(version, cap)
 
@@ -256,13 +257,13 @@ GPU_CASES = [
     ((3,), 65, 65, 64),          # rank 3
     ((1, 2), 515, 1029, 128),    # many tiles, both partial at the end
 ]
-# v4 and v5 exist on sm_90a only (H100/H200): elsewhere their rows skip, saying so.
+# v4 to v6 exist on sm_90a only (H100/H200): elsewhere their rows skip, saying so.
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not SM90, reason="v4 and v5 need an sm_90a GPU (H100/H200)")
+sm90 = pytest.mark.skipif(not SM90, reason="v4 to v6 need an sm_90a GPU (H100/H200)")
 
 
 def _version_param(version, *rest):
-    """A parametrize row for ``version``, skipped off sm_90a for v4 and v5."""
+    """A parametrize row for ``version``, skipped off sm_90a for v4 to v6."""
     dt = [str(d).replace("torch.", "") for d in rest]
     return pytest.param(version, *rest, id="-".join([f"v{version}", *dt]), marks=[sm90] if version >= 4 else [])
 
@@ -270,7 +271,8 @@ def _version_param(version, *rest):
 VERSION_DTYPES = [_version_param(v, d) for v, d in
                   [(1, torch.float32), (1, torch.float16), (1, torch.bfloat16), (2, torch.float16),
                    (2, torch.bfloat16), (3, torch.float16), (3, torch.bfloat16), (4, torch.float16),
-                   (4, torch.bfloat16), (5, torch.float16), (5, torch.bfloat16)]]
+                   (4, torch.bfloat16), (5, torch.float16), (5, torch.bfloat16), (6, torch.float16),
+                   (6, torch.bfloat16)]]
 
 
 def _id(c):
@@ -296,7 +298,7 @@ def test_forward_backward_lse(load, version, dtype, is_causal, case):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [_version_param(v) for v in (1, 2, 3, 4, 5)])
+@pytest.mark.parametrize("version", [_version_param(v) for v in (1, 2, 3, 4, 5, 6)])
 def test_explicit_scale(load, version):
     m = load(7)
     q, k, v = make_qkv(2, 2, 70, D=64, dtype=torch.float16, device="cuda")
@@ -347,15 +349,15 @@ def test_v3_tile_configs(load, d, is_causal):
 @gpu
 @sm90
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.parametrize("version", [4, 5, 6])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_hopper_tile_configs(load, version, d, is_causal):
-    """Every config v4 and v5 can launch (tiles, stages, ping-pong, three consumers: the benchmark
+    """Every config v4 to v6 can launch (tiles, stages, ping-pong, three consumers: the benchmark
     times them all) computes the same function, Nq != Nk and neither a multiple of a tile."""
     m = load(7)
     q, k, v = make_qkv(Nq=300, Nk=317, D=d, batch_shape=(1, 2), dtype=torch.bfloat16, device="cuda")
-    configs = m.V4_CONFIGS[d] if version == 4 else m.V5_CONFIGS[d]
+    configs = {4: m.V4_CONFIGS, 5: m.V5_CONFIGS, 6: m.V6_CONFIGS}[version][d]
     for config in configs:
         def attn(q, k, v, is_causal, scale, config=config):
             s = d ** -0.5 if scale is None else scale

@@ -18,7 +18,7 @@ backward is Delta + this dK/dV + v2's dQ, the whole backward this kernel gives s
 The experiment first kept its own copy of the kernel and a binding (bench/experiments/csrc/, the
 .cu #including the course's step07_bwd_mma.cu; run as below at 29222e3); since the kernel moved into
 the course unchanged but for comments, the STUDENT markers and the namespaces (step07_cuda.py's
-backward version 3, the default backward of forwards v4 and v5; v2's Delta and dQ reached through
+backward version 3, the default backward of forwards v4 to v6; v2's Delta and dQ reached through
 bwd_mma_delta / bwd_mma_dq instead of an #include), this file times and compiles the course's
 solutions/csrc/step07_bwd_wgmma.cu -- the dK/dV kernel alone through the module's bwd3_dkdv, the
 hybrid backward as bwd_op(..., 3) -- and the copy is gone.
@@ -41,7 +41,7 @@ results/h200/step07_bwd_wgmma/README.md; 71 s, `--sanitize --budget-s 110`): yes
     0.35-0.42, slower at every shape); the hybrid backward runs 1.19-1.36x faster than v2's (236-304
     TFLOP/s against 191-236), 0.53-0.64x cuDNN's backward (v2: 0.43-0.52x); forward v5 + hybrid
     0.59-0.70x cuDNN's fwd+bwd (v5 + v2: 0.49-0.58x);
-  - so it is in the course as backward v3 (config 0), paired by default with forwards v4 and v5.
+  - so it is in the course as backward v3 (config 0), paired by default with forwards v4 and v5 (and v6, added since).
   Open: dQ (v2's mma.sync kernel, which recomputes S and dP) is now the larger part of the backward
   (the hybrid minus dK/dV, i.e. Delta and dQ: 0.53-0.58 of it); next, dQ on wgmma or accumulated
   with atomics in the dK/dV kernel (FlashAttention-3), and the exponentials of P^T under dP^T

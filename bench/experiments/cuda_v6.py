@@ -8,7 +8,7 @@ header lists what it does not do: FlashAttention-3's intra-warpgroup overlap (ar
 the exponentials of one tile under a product still in flight. Does v6, which does it, close the rest of
 the gap to cuDNN?
 
-Design (bench/experiments/csrc/step07_fwd_v6.cu; its header has the details; torch glue
+Design, as run at 29222e3 (bench/experiments/csrc/step07_fwd_v6.cu there; its header had the details; torch glue
 bench/experiments/csrc/step07_v6_binding.cpp). v6 #includes v5's .cu and
 reuses its producer, TMA tensor maps, mbarrier ring, setmaxnreg 24/240, layout and epilogue; only the
 consumer loop changes. Two orders of the loop:
@@ -30,7 +30,7 @@ consumer loop changes. Two orders of the loop:
   (C7514): the last tile is peeled with a literal instead. At D=128 with 128x128 tiles the S-next orders
   do not fit (two 64-register S tiles, O's 64, P's 32): 156-196 bytes spilled and C7512.
 
-Compile report (CPU, nvcc 13.0, sm_90a, the course's flags; `--compile-report`, 2026-12-01, 10 s): 14
+Compile report of that copy (CPU, nvcc 13.0, sm_90a, the course's flags; `--compile-report`, 2026-12-01, 10 s): 14
 instances (fp16/bf16 x configs 0, 2, 6 at D 64/128, 7 at D=64):
   - spills: none, 0 bytes stack; no C75xx warning (no serialized wgmma) in any instance;
   - USETMAXREG 24 (producer) / 240 (consumers) in each; UTMALDG 3 (D=64) / 6 (D=128); no HMMA, LDL, STL;
@@ -48,11 +48,21 @@ instances (fp16/bf16 x configs 0, 2, 6 at D 64/128, 7 at D=64):
   in-flight O there (C7514), no basic-block end after the exponentials (0 EX2 under P V: ptxas hoists the
   wait), consumers at 232 registers (setmaxnreg, 48 bytes spilled).
 
-Answer: not yet run on a GPU.
+Answer: yes, in FlashAttention-3's order. One H200, 2026-12-01 21:09 UTC (commit 29222e3, the experiment's own
+copy), `--sanitize --budget-s 140`, 91 s: 196/196 cases match the float64 reference, compute-sanitizer memcheck and
+racecheck clean. bf16, N 4k-16k (B = 16384/N, H = 2048/D), ratio to cuDNN in the same run (results/h200/step07_v6/):
+  - config 2 (128 x 128, order 0): D = 64 0.94-1.00x (395-452 TFLOP/s), D = 128 0.91-1.06x (507-605): 1.03-1.12x
+    v5's config 2 (0.90-0.95x and 0.85-0.96x in the run), and faster than cuDNN at D = 128 causal N = 16384;
+  - config 0 (128 x 64, order 0): 0.76-0.90x, behind v5's config 2 (half as long a P V to hide the softmax under);
+  - the S-next orders (configs 6, 7): 0.51-0.78x, slower than everything: two S tiles live, more waits.
+So FlashAttention-3's order moved into the course as forward v6 (solutions/csrc/step07_fwd_v6.cu, configs 0 and
+2, default 2; the v6 config 2 kernels there are instruction-for-instruction the measured ones, bf16, checked on
+the CPU by comparing cuobjdump's SASS); v5's shared machinery moved to solutions/csrc/step07_tma.cuh (v5's SASS
+unchanged, instruction for instruction). The S-next orders stayed here, in git history only: commit 29222e3,
+bench/experiments/csrc/step07_fwd_v6.cu. Since then this file checks, times and compiles the course's v6.
 
 What it does on a GPU (each part in its own try/except, the JSON rewritten after every part and row):
-  1. build the v6 extension (torch.utils.cpp_extension.load: csrc/step07_v6_binding.cpp + step07_fwd_v6.cu,
-     the course's step 07 flags, sm_90a) and the course's step 07 (for v5);
+  1. build the course's step 07 (v5 and v6 in one extension);
   2. every v6 config against the float64 reference (attnlib.checks: O and the LSE), bf16 and fp16, D 64/128,
      causal and not, (Nq, Nk) in (1, 1), (77, 77), (128, 128), (1000, 1000), (300, 700), (700, 300), (4096, 4096);
   3. timing (triton.testing.do_bench median; each output first compared with v5's): v5 config 2 (the
@@ -64,7 +74,7 @@ A watchdog stops starting timing rows after --budget-s (default 150 s): under 4 
 Usage (repo root):
     python bench/experiments/cuda_v6.py --out $OUT/v6 --sanitize    # the GPU run (an H200)
     python bench/experiments/cuda_v6.py --compile-report              # no GPU: registers, spills, SASS, overlap
-Test: tests/test_experiment_cuda_v6.py.
+Test: tests/test_experiment_cuda_v6.py (the compile report's claims, on solutions/csrc/step07_fwd_v6.cu).
 """
 
 from __future__ import annotations
@@ -89,35 +99,28 @@ import torch  # noqa: E402
 
 from bench.experiments import cuda_v5, gpu_run  # noqa: E402  (nvcc_flags, cuobjdump, parse_report, _step07, flops, SHAPES)
 
-CSRC = Path(__file__).resolve().parent / "csrc"
-V6_SOURCE = CSRC / "step07_fwd_v6.cu"
-BINDING = CSRC / "step07_v6_binding.cpp"
-STEP07_CSRC = cuda_v5.STEP07_CSRC                  # solutions/csrc: v5's .cu and the step07_* headers
-CONFIGS = {64: (0, 2, 6, 7), 128: (0, 2, 6)}       # launch6_d in step07_fwd_v6.cu
-# config -> (BN, order); BM = 128, 2 stages, two consumer warpgroups.
-CONFIG_SHAPES = {0: (64, 0), 2: (128, 0), 6: (64, 2), 7: (128, 2)}
-TEST_DEFINE = "STEP07_V6_TEST_ONLY"                # bf16, config 2 (D 64/128) and 7 (D 64): 3 instances
-TEST_INSTANCES = ("bf16 D=64 BN=128 order=0", "bf16 D=128 BN=128 order=0", "bf16 D=64 BN=128 order=2")
+STEP07_CSRC = cuda_v5.STEP07_CSRC                  # solutions/csrc: the course's step 07
+V6_SOURCE = STEP07_CSRC / "step07_fwd_v6.cu"       # the course's forward v6 (the solution, never a stub)
+CONFIGS = {64: (0, 2), 128: (0, 2)}                # launch_d in step07_fwd_v6.cu (step07_cuda.V6_CONFIGS)
+CONFIG_BN = {0: 64, 2: 128}                        # config -> BN; BM = 128, 2 stages, two consumer warpgroups
 V5_CONFIG = 2                                      # the course's v5 default, the baseline
 
 REC = gpu_run.Record("cuda_v6")    # the run's log and JSON (bench/experiments/gpu_run.py)
 RESULT = REC.result
 log, save, part = REC.log, REC.save, REC.part
-_EXT = None
 
 
 # ---------------------------------------------------------------- the compile report (CPU)
 
-def compile_v6(workdir: Path, src: Path | None = None, test_only: bool = False) -> tuple[str, str]:
-    """nvcc step07_fwd_v6.cu (or ``src``, a modified copy) to a cubin with -Xptxas -v, the course's flags
-    (cuda_v5.nvcc_flags) and -I solutions/csrc; return (ptxas report, SASS). ``test_only``: -D TEST_DEFINE."""
+def compile_v6(workdir: Path, src: Path | None = None) -> tuple[str, str]:
+    """nvcc the course's step07_fwd_v6.cu (or ``src``, a modified copy: its step07_* headers are taken from its own
+    folder first) to a cubin with -Xptxas -v and the course's flags (cuda_v5.nvcc_flags); return (ptxas report, SASS)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise FileNotFoundError("nvcc is not on PATH")
     src = Path(src) if src is not None else V6_SOURCE
     cub = workdir / "v6.cubin"
-    cmd = [nvcc, *cuda_v5.nvcc_flags(), "-Xptxas", "-v", f"-I{STEP07_CSRC}", f"-I{CSRC}",
-           *([f"-D{TEST_DEFINE}"] if test_only else []), "-cubin", str(src), "-o", str(cub)]
+    cmd = [nvcc, *cuda_v5.nvcc_flags(), "-Xptxas", "-v", f"-I{STEP07_CSRC}", "-cubin", str(src), "-o", str(cub)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"nvcc failed on {src}:\n{r.stderr[-4000:]}")
@@ -129,11 +132,11 @@ def compile_v6(workdir: Path, src: Path | None = None, test_only: bool = False) 
 
 
 def v6_key(name: str) -> str | None:
-    m = re.search(r"fwd_v6_kernel.*V6ConfigILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", name)
+    m = re.search(r"fwd_v6_kernel.*V5ConfigILi(\d+)ELi(\d+)ELi(\d+)E", name)
     if not m:
         return None
     ty = "f16" if "6__half" in name else "bf16"
-    return f"{ty} D={m.group(1)} BN={m.group(2)} order={m.group(4)}" + ("" if m.group(3) == "2" else f" stages={m.group(3)}")
+    return f"{ty} D={m.group(1)} BN={m.group(2)}" + ("" if m.group(3) == "2" else f" stages={m.group(3)}")
 
 
 def overlap(fn_sass: str) -> dict:
@@ -178,85 +181,49 @@ def overlap(fn_sass: str) -> dict:
 
 def parse_v6(report: str, sass: str) -> dict:
     """cuda_v5.parse_report (registers, spills, setmaxnreg, instruction counts) per instance, keyed for v6;
-    per instance the C75xx warnings ptxas printed for it and the overlap walk. v5's two instances compiled
-    in the same unit (config 2, bf16, D 64/128) are kept apart under ``v5_kernels``: the control."""
+    per instance the C75xx warnings ptxas printed for it and the overlap walk."""
     base = cuda_v5.parse_report(report, sass)
     per_fn_warn: dict[str, list[str]] = {}
     for m in re.finditer(r"\((C75\d\d)\)[^\n]*?function '([^']+)'", report):
         per_fn_warn.setdefault(m.group(2), []).append(m.group(1))
     fn_sass = {f.split("\n")[0].strip(): f for f in re.split(r"\n\s*Function : ", sass)[1:]}
-    kernels, v5k = {}, {}
-    for key, k in base["kernels"].items():
-        nk = v6_key(key)
-        if nk is not None:
-            kernels[nk] = k
-        else:
-            v5k[key] = k
-    for name, text in fn_sass.items():
+    kernels = {}
+    for name, text in fn_sass.items():   # cuda_v5 keys them by V5Config (which v6 uses): re-key them for v6
         nk = v6_key(name)
         if nk is not None:
-            kernels[nk].update(overlap(text))
-            kernels[nk]["c75xx"] = sorted(set(per_fn_warn.get(name, [])))
-        elif "fwd_v5_kernel" in name:
-            v5k[cuda_v5._kernel_key(name)].update(overlap(text))
-    return {"c75xx": sorted({w for ws in per_fn_warn.values() for w in ws}), "kernels": kernels, "v5_kernels": v5k}
+            kernels[nk] = {**base["kernels"][cuda_v5._kernel_key(name)], **overlap(text),
+                           "c75xx": sorted(set(per_fn_warn.get(name, [])))}
+    return {"c75xx": sorted({w for ws in per_fn_warn.values() for w in ws}), "kernels": kernels}
 
 
-def compile_report(src: Path | None = None, test_only: bool = False) -> dict:
-    """parse_v6 of compile_v6(src, test_only); ``source`` says which file was compiled, ``compile_s`` how long."""
+def compile_report(src: Path | None = None) -> dict:
+    """parse_v6 of compile_v6(src); ``source`` says which file was compiled, ``compile_s`` how long."""
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
-        report, sass = compile_v6(Path(d), src, test_only)
-    return {"source": str(Path(src) if src is not None else V6_SOURCE), "test_only": test_only,
-            "compile_s": round(time.time() - t0, 1), **parse_v6(report, sass)}
+        report, sass = compile_v6(Path(d), src)
+    return {"source": str(Path(src) if src is not None else V6_SOURCE), "compile_s": round(time.time() - t0, 1),
+            **parse_v6(report, sass)}
 
 
 def summary(rep: dict) -> list[str]:
-    out = [f"{rep['source']} ({'test build' if rep['test_only'] else 'all instances'}, {rep['compile_s']} s); "
-           f"C75xx anywhere: {rep['c75xx'] or 'none'}"]
+    out = [f"{rep['source']} ({rep['compile_s']} s); C75xx anywhere: {rep['c75xx'] or 'none'}"]
     for name, k in sorted(rep["kernels"].items()):
-        out.append(f"  {name:32s} regs(ptxas) {k.get('ptxas_registers')} spill {k.get('spill_stores')}/{k.get('spill_loads')}"
+        out.append(f"  {name:20s} regs(ptxas) {k.get('ptxas_registers')} spill {k.get('spill_stores')}/{k.get('spill_loads')}"
                    f" setmaxnreg {k.get('setmaxnreg')} top R{k.get('max_reg_consumers')} HGMMA {k.get('HGMMA')}"
                    f" UTMALDG {k.get('UTMALDG')} DEPBAR {k.get('WARPGROUP.DEPBAR')} EX2 {k.get('ex2_total')}"
                    f" | EX2 under QK^T {k.get('ex2_under_qk')} under PV {k.get('ex2_under_pv')} | C75xx {k.get('c75xx') or '-'}")
-    v5max = max((max(k.get("max_ex2_under_qk", 0), k.get("max_ex2_under_pv", 0)) for k in rep["v5_kernels"].values()),
-                default=None)
-    out.append(f"  v5's {len(rep['v5_kernels'])} instances (the control): at most {v5max} MUFU.EX2 under a wgmma")
     return out
 
 
 # ---------------------------------------------------------------- the GPU side
 
-def build(verbose: bool = False):
-    """Compile (or load from the cache) the v6 extension, sm_90a only."""
-    global _EXT
-    if _EXT is not None:
-        return _EXT
-    cuda_v5._require_sm90a()
-    from torch.utils.cpp_extension import load
-    s7 = cuda_v5._step07()
-    cap = torch.cuda.get_device_capability()
-    flags = s7.NVCC_FLAGS + s7.arch_flags(cap)
-    h = hashlib.sha256()
-    for f in [BINDING, V6_SOURCE, *sorted(STEP07_CSRC.glob("step07_*.cu*")), STEP07_CSRC / "step07_launch.h"]:
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    h.update(" ".join(flags).encode() + torch.__version__.encode())
-    name = f"attn_step07_v6_{h.hexdigest()[:12]}"
-    build_dir = Path(os.environ.get("ATTN_BUILD_DIR", Path.home() / ".cache" / "attn-course")) / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    _EXT = load(name=name, sources=[str(BINDING), str(V6_SOURCE)], extra_cflags=["-O3"], extra_cuda_cflags=flags,
-                extra_include_paths=[str(STEP07_CSRC), str(CSRC)], build_directory=str(build_dir), verbose=verbose)
-    return _EXT
-
-
 def v6_fwd(q, k, v, is_causal=False, scale=None, config=2):
-    """(O, LSE) of v6 at ``config``; q, k, v (..., N, D); O in q's dtype, LSE float32 (..., Nq)."""
+    """(O, LSE) of the course's v6 at ``config``; q, k, v (..., N, D); O in q's dtype, LSE float32 (..., Nq)."""
+    cuda_v5._require_sm90a()
+    s7 = cuda_v5._step07()
     s = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    lead = q.shape[:-2]
-    flat = [cuda_v5._step07()._flat(t) for t in (q, k, v)]
     with torch.no_grad():
-        o, lse = build().fwd(*flat, bool(is_causal), s, int(config))
-    return o.reshape(*lead, *o.shape[-2:]), lse.reshape(*lead, lse.shape[-1])
+        return s7.fwd_op(q, k, v, bool(is_causal), s, 6, int(config))
 
 
 def check_case(q, k, v, causal, config):
@@ -275,14 +242,13 @@ def main():
     ap.add_argument("--sanitize", action="store_true", help="also run small cases under compute-sanitizer")
     ap.add_argument("--budget-s", type=float, default=150.0, help="no new timing row starts after this")
     ap.add_argument("--compile-report", action="store_true", help="no GPU: nvcc + cuobjdump, print the report")
-    ap.add_argument("--test-build", action="store_true", help="with --compile-report: the test's 3 instances only")
     ap.add_argument("--json", action="store_true", help="with --compile-report: print the whole report as JSON")
     ap.add_argument("--sanitize-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     t_start = time.time()
 
     if args.compile_report:
-        rep = compile_report(test_only=args.test_build)
+        rep = compile_report()
         print(json.dumps(rep, indent=1) if args.json else "\n".join(summary(rep)))
         return
 
@@ -314,11 +280,9 @@ def main():
     @part("1 build")
     def build_part():
         t0 = time.time()
-        ext = build()
-        t1 = time.time()
-        s7.build()
-        log(f"v6 built in {t1 - t0:.1f} s ({ext.__file__}); step 07 (v5) in {time.time() - t1:.1f} s")
-        return {"build_v6_s": round(t1 - t0, 1), "build_step07_s": round(time.time() - t1, 1)}
+        ext = s7.build()
+        log(f"step 07 (v5, v6) built in {time.time() - t0:.1f} s ({ext.__file__})")
+        return {"build_step07_s": round(time.time() - t0, 1)}
     build_part()
 
     @part("2 correctness")

@@ -64,7 +64,7 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
     p.o = o.data_ptr(); p.lse = lse.data_ptr<float>();
     p.bh = (int)bh; p.nq = (int)q.size(1); p.nk = (int)k.size(1); p.d = (int)d;
     p.scale = (float)scale; p.causal = causal; p.dtype = dtype_of(q); p.config = (int)config;
-    TORCH_CHECK(version >= 1 && version <= 5, "step07: no forward version ", version, " (there are 1, 2, 3, 4, 5)");
+    TORCH_CHECK(version >= 1 && version <= 6, "step07: no forward version ", version, " (there are 1 to 6)");
     if (version >= 4) {
         const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
         TORCH_CHECK(prop->major == 9 && prop->minor == 0, "step07: forward v", version, " uses wgmma, which needs an "
@@ -77,7 +77,8 @@ std::vector<at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::
                           : version == 2 ? step07::fwd_v2(p, stream)
                           : version == 3 ? step07::fwd_v3(p, stream)
                           : version == 4 ? step07::fwd_v4(p, stream)
-                                         : step07::fwd_v5(p, stream);
+                          : version == 5 ? step07::fwd_v5(p, stream)
+                                         : step07::fwd_v6(p, stream);
     TORCH_CHECK(err == cudaSuccess, "step07: forward v", version, " (config ", config, ") failed to launch: ",
                 cudaGetErrorString(err));
     return {o, lse};

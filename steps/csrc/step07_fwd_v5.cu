@@ -48,86 +48,13 @@
 //
 // Only sm_90a has wgmma, TMA and setmaxnreg: on any other target the kernel's body compiles to
 // nothing, and step07_cuda.py refuses version 5 on a GPU other than 9.0.
-#include <cuda.h>            // CUtensorMap and its enums (types only: the driver is reached at run time)
-#include <cudaTypedefs.h>    // PFN_cuTensorMapEncodeTiled
-
-#include "step07_common.cuh"
-#include "step07_wgmma.cuh"   // v4's layout, make_desc and the wgmma wrappers
+#include "step07_tma.cuh"     // the config, mbarrier / TMA / setmaxnreg, the ring, the producer, the epilogue
 
 namespace step07 {
 namespace v5 {
 namespace {
 
-template <int D_, int BN_, int STAGES_, int CONSUMERS_ = 2, bool PINGPONG_ = false>
-struct V5Config {
-    static constexpr int D = D_;
-    static constexpr int BN = BN_;
-    static constexpr int STAGES = STAGES_;
-    static constexpr int CONSUMERS = CONSUMERS_;             // consumer warpgroups, 64 rows each
-    // Ping-pong: the two consumer warpgroups take turns issuing their wgmma batch (named barriers),
-    // so one's softmax runs while the other's batch holds the tensor cores (FlashAttention-3's schedule).
-    static constexpr bool PINGPONG = PINGPONG_;
-    static_assert(!PINGPONG || CONSUMERS == 2, "ping-pong pairs two consumer warpgroups");
-    static constexpr int THREADS = (CONSUMERS + 1) * 128;    // + the producer warpgroup
-    static constexpr int BM = CONSUMERS * 64;
-    static constexpr int Q_BYTES = BM * D * 2;
-    static constexpr int KV_BYTES = BN * D * 2;              // one stage of K (or of V)
-    // Q + STAGES stages of K and of V, + 1024 bytes to align the base to a swizzle atom.
-    static constexpr int SMEM = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;
-    // 128 x 24 + 256 x 240 = 64512 (2 consumers); 128 x 24 + 384 x 160 = 64512 (3).
-    static constexpr int PRODUCER_REGS = 24;
-    static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 240 : 160;
-    static_assert(128 * PRODUCER_REGS + CONSUMERS * 128 * CONSUMER_REGS <= 65536, "register file");
-    static_assert(SMEM <= 227 * 1024, "shared memory");
-};
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// ------------------------------------------------------------------ mbarrier
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
-}
-// The producer: one arrival, and `bytes` more transaction bytes this phase waits for.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
-}
-// Spin until the phase of parity `parity` has completed (a fresh barrier is in phase 0, so
-// waiting for parity 1 returns at once: how the producer's first pass over the ring goes through).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-
-// ------------------------------------------------------------------ TMA
-// One box of a 3-D tensor map (coordinates innermost first: column, row, head) into shared
-// memory at dst; the bytes are counted on mbarrier `bar` (complete_tx).
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                            uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
-        :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
-    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// ------------------------------------------------------------------ setmaxnreg
-template <int R>
-__device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(R)); }
-template <int R>
-__device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(R)); }
-
-// ------------------------------------------------------------------ named barriers (ping-pong)
-// Barrier `id` completes when `n` threads have reached it: bar.sync waits there, bar.arrive does not.
-__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(n) : "memory"); }
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+using namespace ::step07::ws;
 
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::THREADS, 1)
@@ -136,17 +63,8 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int D = Cfg::D, BN = Cfg::BN, BM = Cfg::BM, STAGES = Cfg::STAGES;
     extern __shared__ __align__(1024) unsigned char smem_v5[];
-    // full_k, full_v, empty_k, empty_v for each stage, then full_q.
-    __shared__ __align__(8) uint64_t bars[4 * STAGES + 1];
-    const uint32_t Qs = (smem_u32(smem_v5) + 1023u) & ~1023u;   // [D/64][BM][64]
-    const uint32_t Ks = Qs + Cfg::Q_BYTES;                       // [STAGES][D/64][BN][64]
-    const uint32_t Vs = Ks + STAGES * Cfg::KV_BYTES;             // [STAGES][D/64][BN][64]
-    const uint32_t bar0 = smem_u32(bars);
-    auto full_k = [&](int s) { return bar0 + 8u * s; };
-    auto full_v = [&](int s) { return bar0 + 8u * (STAGES + s); };
-    auto empty_k = [&](int s) { return bar0 + 8u * (2 * STAGES + s); };
-    auto empty_v = [&](int s) { return bar0 + 8u * (3 * STAGES + s); };
-    const uint32_t full_q = bar0 + 8u * (4 * STAGES);
+    __shared__ __align__(8) uint64_t bars[4 * STAGES + 1];   // the ring's barriers (step07_tma.cuh)
+    const Ring<Cfg> r(smem_v5, bars);
 
     const int wg = threadIdx.x / 128;
     const int bh = blockIdx.y;
@@ -155,35 +73,13 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
     const int n_end = p.causal ? min(p.nk, q0 + BM) : p.nk;
     const int n_tiles = (n_end + BN - 1) / BN;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full_k(s), 1);
-            mbar_init(full_v(s), 1);
-            mbar_init(empty_k(s), Cfg::CONSUMERS * 128);
-            mbar_init(empty_v(s), Cfg::CONSUMERS * 128);
-        }
-        mbar_init(full_q, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");   // visible to the async proxy
-    }
+    r.init();
     __syncthreads();   // the last block-wide barrier: from here the roles meet only on mbarriers
 
     if (wg == 0) {
-        // ------------------------------------------------------------ producer
+        // ------------------------------------------------------------ producer (step07_tma.cuh)
         regs_dec<Cfg::PRODUCER_REGS>();
-        if (threadIdx.x == 0) {
-            tma_prefetch_desc(&tm_q);
-            tma_prefetch_desc(&tm_k);
-            tma_prefetch_desc(&tm_v);
-            mbar_expect_tx(full_q, Cfg::Q_BYTES);
-#pragma unroll
-            for (int cb = 0; cb < D / 64; ++cb) tma_load_3d(Qs + cb * (BM * 128), &tm_q, cb * 64, q0, bh, full_q);
-            for (int j = 0; j < n_tiles; ++j) {
-                const int st = j % STAGES;                // the ring's stage of tile j
-                const uint32_t ph = (j / STAGES) & 1;     // and how many times round the ring, mod 2
-                // TODO(Step 07): wait until the consumers have released stage st (empty_k, phase ph ^ 1), arm full_k(st) for KV_BYTES, then TMA-load K_j's D/64 column blocks into it; the same for V
-                STUDENT_TODO;  // delete this line once the region is written
-            }
-        }
+        if (threadIdx.x == 0) produce<Cfg>(r, &tm_q, &tm_k, &tm_v, q0, bh, n_tiles);
         return;
     }
 
@@ -198,19 +94,19 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-    const uint32_t Qwg = Qs + cw * 64 * 128;
+    const uint32_t Qwg = r.Qs + cw * 64 * 128;
     uint32_t pa[BN / 16][4];
 
     // Ping-pong: named barrier 1 + c is consumer c's turn to issue; consumer 1 lets consumer 0 go first.
     // Each turn is taken (bar.sync, 128 threads) once an iteration and once for the last P V, and
     // given (bar.arrive by the other's 128) as often: consumer 1 skips its last arrive to match.
     if constexpr (Cfg::PINGPONG) if (cw == 1) named_arrive(1, 256);
-    mbar_wait(full_q, 0);
+    mbar_wait(r.full_q(), 0);
     for (int j = 0; j < n_tiles; ++j) {
         const int n0 = j * BN;
         const int st = j % STAGES;
         const uint32_t ph = (j / STAGES) & 1;
-        const uint32_t Kt = Ks + st * Cfg::KV_BYTES;
+        const uint32_t Kt = r.k_stage(st);
 
         // O += P_{j-1} V_{j-1} (P from the previous iteration's registers), then S = Q K^T_j
         // (v4's batch): two batches issued back to back, one wait for both. (Issuing P V at the
@@ -219,8 +115,8 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
         if constexpr (Cfg::PINGPONG) named_sync(1 + cw, 256);
         if (j > 0) {
             const int pst = (j - 1) % STAGES;
-            mbar_wait(full_v(pst), ((j - 1) / STAGES) & 1);
-            const uint32_t Vp = Vs + pst * Cfg::KV_BYTES;
+            mbar_wait(r.full_v(pst), ((j - 1) / STAGES) & 1);
+            const uint32_t Vp = r.v_stage(pst);
             fence_regs(o);
             wgmma_fence();
 #pragma unroll
@@ -228,7 +124,7 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
                 wgmma_rs<T, D>(o, pa[kk], make_desc(Vp + kk * 16 * 128, BN * 128, 1024), 1);
             wgmma_commit();
         }
-        mbar_wait(full_k(st), ph);
+        mbar_wait(r.full_k(st), ph);
         float s[BN / 2];
         wgmma_fence();
 #pragma unroll
@@ -243,8 +139,8 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
         wgmma_wait<0>();
         fence_regs(s);
         fence_regs(o);
-        mbar_arrive(empty_k(st));                              // K_j may be overwritten
-        if (j > 0) mbar_arrive(empty_v((j - 1) % STAGES));     // and V_{j-1}
+        mbar_arrive(r.empty_k(st));                            // K_j may be overwritten
+        if (j > 0) mbar_arrive(r.empty_v((j - 1) % STAGES));   // and V_{j-1}
 
         if (n0 + BN > p.nk || (p.causal && n0 + BN - 1 > q0 + cw * 64)) {
 #pragma unroll
@@ -292,8 +188,8 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
     if (n_tiles > 0) {
         if constexpr (Cfg::PINGPONG) named_sync(1 + cw, 256);
         const int pst = (n_tiles - 1) % STAGES;
-        mbar_wait(full_v(pst), ((n_tiles - 1) / STAGES) & 1);
-        const uint32_t Vp = Vs + pst * Cfg::KV_BYTES;
+        mbar_wait(r.full_v(pst), ((n_tiles - 1) / STAGES) & 1);
+        const uint32_t Vp = r.v_stage(pst);
         fence_regs(o);
         wgmma_fence();
 #pragma unroll
@@ -305,67 +201,13 @@ fwd_v5_kernel(const FwdParams p, const __grid_constant__ CUtensorMap tm_q, const
     wgmma_wait<0>();
     fence_regs(o);
 
-    // Epilogue (v4's): row sums across the quad, normalize, store O and the LSE.
-    T* out = static_cast<T*>(p.o) + (size_t)bh * p.nq * D;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = q0 + wr + g + 8 * h;
-        const float lsum = quad_sum(l[h]);
-        const float inv = 1.f / lsum;
-        if (row < p.nq) {
-#pragma unroll
-            for (int nt = 0; nt < D / 8; ++nt)
-                *reinterpret_cast<uint32_t*>(out + (size_t)row * D + nt * 8 + 2 * t) =
-                    pack2<T>(o[4 * nt + 2 * h] * inv, o[4 * nt + 2 * h + 1] * inv);
-            if (t == 0) p.lse[(size_t)bh * p.nq + row] = m[h] * p.scale + logf(lsum);
-        }
-    }
+    store_o_lse<T, D>(p, o, m, l, bh, q0 + wr + g, t);   // the epilogue (v4's; step07_tma.cuh)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
-}
-
-// ---------------------------------------------------------------- host: tensor maps
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    if (fn == nullptr) {
-        void* ptr = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess && q == cudaDriverEntryPointSuccess)
-            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-    }
-    return fn;
-}
-
-// A (BH, n, D) tensor of 16-bit values as a 3-D TMA tensor map (D, n, BH), boxes of
-// 64 columns x `rows` rows x 1 head, 128-byte swizzle, out-of-range rows read as zeros.
-template <typename T>
-cudaError_t make_map(CUtensorMap* map, const void* base, int n, int bh, int d, int rows) {
-    auto fn = encode_fn();
-    if (fn == nullptr) return cudaErrorNotSupported;
-    const cuuint64_t dims[3] = {(cuuint64_t)d, (cuuint64_t)n, (cuuint64_t)bh};
-    const cuuint64_t strides[2] = {(cuuint64_t)d * 2, (cuuint64_t)n * d * 2};   // bytes, dims 1 and 2
-    const cuuint32_t box[3] = {64, (cuuint32_t)rows, 1};
-    const cuuint32_t estr[3] = {1, 1, 1};
-    const CUtensorMapDataType ty = std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-    const CUresult r = fn(map, ty, 3, const_cast<void*>(base), dims, strides, box, estr,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 template <typename T, typename Cfg>
 cudaError_t launch(const FwdParams& p, cudaStream_t stream) {
-    CUtensorMap tq, tk, tv;
-    cudaError_t err;
-    if ((err = make_map<T>(&tq, p.q, p.nq, p.bh, Cfg::D, Cfg::BM)) != cudaSuccess) return err;
-    if ((err = make_map<T>(&tk, p.k, p.nk, p.bh, Cfg::D, Cfg::BN)) != cudaSuccess) return err;
-    if ((err = make_map<T>(&tv, p.v, p.nk, p.bh, Cfg::D, Cfg::BN)) != cudaSuccess) return err;
-    err = cudaFuncSetAttribute(fwd_v5_kernel<T, Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM);
-    if (err != cudaSuccess) return err;
-    dim3 grid((p.nq + Cfg::BM - 1) / Cfg::BM, p.bh);
-    fwd_v5_kernel<T, Cfg><<<grid, Cfg::THREADS, Cfg::SMEM, stream>>>(p, tq, tk, tv);
-    return cudaGetLastError();
+    return launch_ws<T, Cfg>(fwd_v5_kernel<T, Cfg>, p, stream);   // tensor maps and launch: step07_tma.cuh
 }
 
 template <typename T>

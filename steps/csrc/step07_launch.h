@@ -29,6 +29,10 @@
 //                         mbarrier ring, two consumer warpgroups,
 //                         setmaxnreg 24/240 (128 x 128 tiles;
 //                         own run, 12-01)                           521 (x1.48)  537 (x1.66)
+//   v6  step07_fwd_v6.cu  v5 with the softmax's exponentials under the
+//                         P V still in flight (FlashAttention-3's
+//                         intra-warpgroup overlap; sm_90a only; 128 x
+//                         128 tiles; own run, 12-01)                605 (x1.84)  596 (x1.85)
 //   backward (dQ, dK, dV; FLOPs counted as 2.5 x forward)
 //   v1  step07_bwd.cu     Delta, then dK/dV and dQ kernels, scalar
 //                         fp32 (any dtype)                          7 (x0.03)*   6 (x0.04)*
@@ -39,7 +43,7 @@
 //   * at N = 1024 (B = 16): the scalar versions take seconds per call at N = 16384.
 //
 // The Python side (solutions/step07_cuda.py) pairs forward v1 with backward v1,
-// forwards v2 and v3 with backward v2, and the sm_90a forwards (v4, v5) with backward v3.
+// forwards v2 and v3 with backward v2, and the sm_90a forwards (v4 to v6) with backward v3.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -83,6 +87,7 @@ cudaError_t fwd_v2(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v3(const FwdParams& p, cudaStream_t stream);
 cudaError_t fwd_v4(const FwdParams& p, cudaStream_t stream);   // sm_90a only (wgmma)
 cudaError_t fwd_v5(const FwdParams& p, cudaStream_t stream);   // sm_90a only (wgmma, TMA, setmaxnreg)
+cudaError_t fwd_v6(const FwdParams& p, cudaStream_t stream);   // sm_90a only (v5 + the softmax under P V)
 cudaError_t bwd(const BwdParams& p, cudaStream_t stream);       // scalar fp32 math, any dtype
 cudaError_t bwd_mma(const BwdParams& p, cudaStream_t stream);   // tensor cores, fp16/bf16
 cudaError_t bwd_wgmma(const BwdParams& p, cudaStream_t stream); // v3: dK/dV on wgmma, sm_90a only
