@@ -259,7 +259,7 @@ GPU_CASES = [
 ]
 # v4 to v6 exist on sm_90a only (H100/H200): elsewhere their rows skip, saying so.
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-sm90 = pytest.mark.skipif(not SM90, reason="v4 to v6 need an sm_90a GPU (H100/H200)")
+sm90 = pytest.mark.skipif(not SM90, reason="v4 to v6 and backward v3 need an sm_90a GPU (H100/H200)")
 
 
 def _version_param(version, *rest):
