@@ -138,16 +138,23 @@ def _tiles(side, kernel):
     return f"{mm.group(1)} (kernel name)" if mm else None
 
 
-def summarize(folder: Path) -> dict:
+WHAT = ("ncu of step 07's forward v3 (mma.sync), v4 (wgmma; 128x64 tiles = config 1, the default, and "
+        "128x128 = config 0) and SDPA's cuDNN forward, bf16, not causal, B=1, H=2048/D, N=16384; "
+        "written by bench/experiments/cuda_v3_v4_ncu.py --summarize from "
+        f"{DETAILS} (--page details) and {RAW} (--page raw) of one report")
+
+
+def summarize(folder: Path, details_csv=DETAILS, raw_csv=RAW, timings_json=TIMINGS, what=WHAT,
+              ncu_command=NCU_COMMAND) -> dict:
     """Read the details and raw CSV pages of the ncu report (and the do_bench timings beside them) in folder,
-    write folder/summary.json, return it."""
+    write folder/summary.json, return it. (bench/experiments/triton_ncu.py passes its own file names.)"""
     folder = Path(folder)
-    with open(folder / DETAILS, newline="") as f:
+    with open(folder / details_csv, newline="") as f:
         details = list(csv.DictReader(f))
-    with open(folder / RAW, newline="") as f:
+    with open(folder / raw_csv, newline="") as f:
         raw = list(csv.reader(f))
     header, rows = raw[0], raw[2:]               # raw[1]: the units
-    timings = json.loads((folder / TIMINGS).read_text())
+    timings = json.loads((folder / timings_json).read_text())
     timed = {r["side"]: r for r in timings["rows"]}
 
     def det(kid, name):
@@ -203,13 +210,10 @@ def summarize(folder: Path) -> dict:
     m = dict(timings["machine"])
     m["gpu"] = rows[0][header.index("device__attribute_display_name")]
     summary = {
-        "what": "ncu of step 07's forward v3 (mma.sync), v4 (wgmma; 128x64 tiles = config 1, the default, and "
-                "128x128 = config 0) and SDPA's cuDNN forward, bf16, not causal, B=1, H=2048/D, N=16384; "
-                "written by bench/experiments/cuda_v3_v4_ncu.py --summarize from "
-                f"{DETAILS} (--page details) and {RAW} (--page raw) of one report",
+        "what": what,
         "machine": m,
         "date_note": "the do_bench timings' date; the ncu report was taken in the same session on the same GPU",
-        "ncu_command": NCU_COMMAND,
+        "ncu_command": ncu_command,
         "clock_note": (f"no --clock-control was given, so ncu fixed the clocks (its default): SM clock "
                        f"{min(clocks):.2f}-{max(clocks):.2f} GHz under ncu (the GPU's maximum is "
                        f"{_num(rows[0][header.index('device__attribute_max_gpu_frequency_khz')]) / 1e6:.2f}); "
