@@ -24,7 +24,18 @@ Usage (an H200; ncu fixes the clocks unless told otherwise, as in step07_v4/ncu)
     python bench/experiments/triton_ncu.py --summarize DIR   # summary.json (CPU), the fields of cuda_v3_v4_ncu.py
 Test: tests/test_experiment_triton_ncu.py (the sides' names and the summary on a stand-in report).
 
-Answer: not yet run on a GPU.
+Answer (one H200, 2026-12-01 ~22:07 UTC; results/h200/triton/ncu/, its README has the table). ncu fixed the SM
+clock (1.32-1.47 GHz); shares of cycles and tensor-busy time (share x duration) are what carry:
+  - leaderboard forward: nothing left. Step 05 and cuDNN give the tensor pipe the same work (0.76 ms busy each)
+    at the same share (47.8% / 47.3%); do_bench 1.19 against 1.27 ms.
+  - D=128 forward: the same tensor work (3.00 / 3.09 ms busy) at 56% of the cycles against cuDNN's 75%: step 05's
+    one 8-warp program an SM (254 registers) stalls on barriers and wgmma waits; cuDNN's warp-specialized kernel
+    keeps the products going under the softmax (what step 07 v5/v6 do in CUDA).
+  - leaderboard backward: utilization is not the gap (dK/dV 52.6%, dQ 70.9% against cuDNN's 48.2%); the work is:
+    2.65 ms of tensor-busy time against 1.91 (1.39x), the dQ kernel's recomputation of S and dP (seven products
+    against five; cuDNN adds dQ with atomics). About the whole of the 0.56 ms backward gap (3.77 / 3.20 ms).
+  - found on the way: autograd runs a CUDA backward on its own thread, outside the main thread's NVTX ranges: the
+    first run profiled no cuDNN backward kernel; hooks on the node open the ranges on that thread now.
 """
 
 from __future__ import annotations
@@ -50,6 +61,9 @@ WHAT = ("ncu of step 05's forward and step 06's backward (Triton) against SDPA's
         "the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, causal), forward and backward, and B=1, H=16, "
         "N=16384, D=128, not causal, forward only; written by bench/experiments/triton_ncu.py --summarize from "
         f"{DETAILS} (--page details) and {RAW} (--page raw) of one report")
+
+
+NVTX_ON_AUTOGRAD_THREAD = False   # set while the sides run inside "measure" (main)
 
 
 def flops(H, N, D, causal, mode):
@@ -82,6 +96,20 @@ def sides(s05, s06, shape):
         qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        # autograd runs a CUDA backward on its own thread, outside the main thread's NVTX ranges (the 22:10 run
+        # profiled no cuDNN backward kernel): the node's hooks, which run on that thread, open and close them there
+        name = f"cudnn-bwd {tag}"
+        def push(*_):                      # a hook's return value would replace the gradients: return None
+            if NVTX_ON_AUTOGRAD_THREAD:
+                torch.cuda.nvtx.range_push("measure")
+                torch.cuda.nvtx.range_push(name)
+
+        def pop(*_):
+            if NVTX_ON_AUTOGRAD_THREAD:
+                torch.cuda.nvtx.range_pop()
+                torch.cuda.nvtx.range_pop()
+        og.grad_fn.register_prehook(push)
+        og.grad_fn.register_hook(pop)
 
         def cudnn_bwd():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -123,6 +151,8 @@ def main(argv=None):
                 fn()
     torch.cuda.synchronize()
     if args.out is None:
+        global NVTX_ON_AUTOGRAD_THREAD
+        NVTX_ON_AUTOGRAD_THREAD = True
         torch.cuda.nvtx.range_push("measure")
         with torch.no_grad():
             for name, (fn, _) in runs.items():
@@ -131,6 +161,7 @@ def main(argv=None):
                 torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
+        NVTX_ON_AUTOGRAD_THREAD = False
         return 0
     import triton
     res = {"machine": machine_info(), "N": 16384, "dtype": "bfloat16", "causal": "per side (its name)", "rows": []}
