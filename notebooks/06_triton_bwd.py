@@ -612,8 +612,8 @@ for tag in ("_23218fc", ""):
 # last wave, so the SMs finish together instead of waiting on a few long ones (in the copy with one
 # program per SM it paid nothing, which these runs do not explain). What is left is no longer
 # a tile or an order (the second run tried the neighbours of the first run's best and found none clearly
-# faster): step 06 reads 5.08-5.18 ms in CS336's harness on two H200s, against the 5.0 target and
-# cuDNN's 4.48-4.56 in the same runs. The rest is overlap inside a program, this tile's softmax running
+# faster): step 06 reads 5.06-5.18 ms in CS336's harness on four H200s, against the 5.0 target and
+# cuDNN's 4.48-4.56 in the same runs. What the compile reports pointed at was overlap inside a program, this tile's softmax running
 # while the next tile's `wgmma` computes, and warp specialization, producer warps issuing TMA copies
 # while consumer warpgroups only compute, which Triton 3.6's `warp_specialize` did not give step 05's
 # forward (NaN at three stages, slower at two). The first, written by hand in Triton ("pipelined by hand"
@@ -623,6 +623,40 @@ for tag in ("_23218fc", ""):
 # (`results/h200/step07_v4/ncu/README.md`, notebook 07): step 07's `wgmma` forward and cuDNN's keep the
 # tensor pipe busy for the same time, but cuDNN runs part of its exponentials while its tensor pipe is
 # busy and loads its tiles by TMA, where step 07's copies are instructions of the warps that compute.
+#
+# ### What ncu says about steps 05 and 06 themselves
+#
+# `bench/experiments/triton_ncu.py` asked `ncu` the same questions of this step's kernels and of cuDNN's, on the
+# same inputs (one H200; `results/h200/triton/ncu/`). Tensor-busy time is the tensor pipe's share of the cycles
+# times the kernel's duration: the work the tensor cores were given, however it was scheduled. (ncu fixes the SM
+# clock lower than do_bench runs it: compare shares, and times within one profile.)
+
+# %%
+prof = json.loads((RESULTS / "triton" / "ncu" / "summary.json").read_text())
+print(f"{prof['machine']['gpu']}, {prof['machine'].get('date', '')}: {prof['clock_note'][:60]}...")
+print(f"{'side':22s} {'kernel':28s} {'ms':>7s} {'tensor':>7s} {'busy ms':>8s} {'XU':>6s} {'warps/SM':>8s}  top stalls")
+for k in prof["kernels"]:
+    print(f"{k['side']:22s} {k['kernel'][:28]:28s} {k['duration_ms']:7.3f} {k['tensor_pipe_active_pct']:6.1f}% "
+          f"{k['tensor_busy_ms']:8.2f} {k['xu_pipe_pct']:5.1f}% {k['warps_per_sm']:8.1f}  "
+          + ", ".join(f"{x} {v:.2f}" for x, v, _ in k["top_stalls"][:2]))
+busy = lambda side: sum(k["tensor_busy_ms"] for k in prof["kernels"] if k["side"] == side)   # noqa: E731
+print(f"\nbackward, tensor-busy ms: step 06 {busy('s06-bwd D=64 causal'):.2f}, cuDNN {busy('cudnn-bwd D=64 causal'):.2f} "
+      f"({busy('s06-bwd D=64 causal') / busy('cudnn-bwd D=64 causal'):.2f}x)")
+
+# %% [markdown]
+# Three different answers:
+#
+# - **The leaderboard forward** (D = 64, causal) has nothing left to find: step 05 gives the tensor pipe the same
+#   work as cuDNN and keeps it as busy.
+# - **The D = 128 forward** does cuDNN's tensor work at 56% of the cycles against 75%: here the overlap is what is
+#   missing, one 8-warp program an SM waiting on barriers and `wgmma`, where cuDNN's warp-specialized kernel keeps
+#   the products going under the softmax (step 07's v5 and v6 do that in CUDA, notebook 07).
+# - **The backward** keeps the tensor pipe as busy as cuDNN's, or busier, and still loses: it gives it 1.39x the
+#   work. That is section 4's choice showing up in the profile: the dQ kernel recomputes $S$ and $dP$ (seven products
+#   against five) so that every gradient element has one owner and the result is deterministic; cuDNN adds dQ with
+#   atomics. At the leaderboard shape the extra products are about the whole of the backward's gap to cuDNN, and so
+#   of the last 0.06 ms to the 5.0 ms target: closing it takes fewer products (atomics that cost less than they did
+#   in Triton here, section 4), not a better schedule of the same ones.
 
 # %% [markdown]
 # ## References
