@@ -561,29 +561,41 @@ else:
 # B = 16384 / N, H = 2048 / D):
 
 # %%
-v5run = json.loads((RESULTS / "step07_v5" / "cuda_v5.json").read_text())
-vm, vp = v5run["meta"], v5run["parts"]
-print(f"recorded: {vm['gpu']}, torch {vm['torch']}, CUDA {vm['cuda']}, {vm['date_utc']}, git {vm['git']}; "
-      f"reference {vp['2 correctness']['n'] - vp['2 correctness']['n_fail']}/{vp['2 correctness']['n']}, "
-      f"memcheck rc {vp['4 sanitize']['memcheck']['rc']}, racecheck rc {vp['4 sanitize']['racecheck']['rc']}")
-v5rows = sorted(vp["3 timing"]["rows"], key=lambda r: (r["D"], r["causal"], r["N"]))
-v5impls = ["v4"] + [f"v5-c{c}" for c in range(6)]
-v5names = {"v4": "v4 (128x64, cp.async)", "v5-c0": "c0 128x64, 2 stages", "v5-c1": "c1 128x64, 4 stages",
-           "v5-c2": "c2 128x128 (default)", "v5-c3": "c3 128x64 ping-pong", "v5-c4": "c4 128x128 ping-pong",
-           "v5-c5": "c5 192x64, 3 consumers"}
-fig, axes = plt.subplots(1, 2, figsize=(16, 4.2), sharey=True)
-width = 0.8 / len(v5impls)
-for ax, D in zip(axes, (64, 128)):
-    rs = [r for r in v5rows if r["D"] == D]
-    for i, impl in enumerate(v5impls):
-        ax.bar([j + (i - (len(v5impls) - 1) / 2) * width for j in range(len(rs))], [r["x_cudnn"][impl] for r in rs],
-               width, label=v5names[impl], color="gray" if impl == "v4" else None)
-    ax.axhline(1.0, color="k", lw=0.8); ax.axhline(0.9, color="k", lw=0.8, ls=":")
-    ax.set_xticks(range(len(rs)), [f"N={r['N']}\n{'causal' if r['causal'] else 'full'}" for r in rs], fontsize=8)
-    ax.set_title(f"D={D}"); ax.set_ylim(0.6, 1.02)
-axes[0].set_ylabel("x cuDNN (same run)"); axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-fig.suptitle(f"{vm['gpu']}, {vm['date_utc']}: forward v4 and v5 configs 0-5, bf16, ratio to cuDNN (one run)")
-plt.tight_layout(); plt.show()
+def recorded_run(path):
+    """A committed experiment run (bench/experiments/gpu_run.py's JSON): say where and how it ran, return
+    (meta, its timing rows sorted by D, mask, N)."""
+    run = json.loads(path.read_text())
+    m, parts = run["meta"], run["parts"]
+    ok = parts["2 correctness"]
+    print(f"recorded: {m['gpu']}, torch {m['torch']}, CUDA {m['cuda']}, {m['date_utc']}, git {m['git']}; "
+          f"reference {ok['n'] - ok['n_fail']}/{ok['n']}, memcheck rc {parts['4 sanitize']['memcheck']['rc']}, "
+          f"racecheck rc {parts['4 sanitize']['racecheck']['rc']}")
+    return m, sorted(parts["3 timing"]["rows"], key=lambda r: (r["D"], r["causal"], r["N"]))
+
+
+def ratio_bars(rows, names, title, ylim, colors={}):
+    """Per head dim, a bar per implementation (names: impl -> label) and shape: its ratio to cuDNN."""
+    fig, axes = plt.subplots(1, 2, figsize=(16, 4.2), sharey=True)
+    width = 0.8 / len(names)
+    for ax, D in zip(axes, (64, 128)):
+        rs = [r for r in rows if r["D"] == D]
+        for i, impl in enumerate(names):
+            ax.bar([j + (i - (len(names) - 1) / 2) * width for j in range(len(rs))],
+                   [r["x_cudnn"].get(impl, 0) for r in rs], width, label=names[impl], color=colors.get(impl))
+        ax.axhline(1.0, color="k", lw=0.8); ax.axhline(0.9, color="k", lw=0.8, ls=":")
+        ax.set_xticks(range(len(rs)), [f"N={r['N']}\n{'causal' if r['causal'] else 'full'}" for r in rs], fontsize=8)
+        ax.set_title(f"D={D}"); ax.set_ylim(*ylim)
+    axes[0].set_ylabel("x cuDNN (same run)"); axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.suptitle(title)
+    plt.tight_layout(); plt.show()
+
+
+vm, v5rows = recorded_run(RESULTS / "step07_v5" / "cuda_v5.json")
+ratio_bars(v5rows, {"v4": "v4 (128x64, cp.async)", "v5-c0": "c0 128x64, 2 stages", "v5-c1": "c1 128x64, 4 stages",
+                    "v5-c2": "c2 128x128 (default)", "v5-c3": "c3 128x64 ping-pong", "v5-c4": "c4 128x128 ping-pong",
+                    "v5-c5": "c5 192x64, 3 consumers"},
+           f"{vm['gpu']}, {vm['date_utc']}: forward v4 and v5 configs 0-5, bf16, ratio to cuDNN (one run)",
+           (0.6, 1.02), {"v4": "gray"})
 
 # %% [markdown]
 # Technique by technique: each ratio of TFLOP/s isolates one change between two configs (the range is over
@@ -670,30 +682,12 @@ else:
 # under $Q K_{j+1}^\top$, two $S$ tiles live), which did not make it into the course:
 
 # %%
-v6run = json.loads((RESULTS / "step07_v6" / "cuda_v6.json").read_text())
-wm, wp = v6run["meta"], v6run["parts"]
-print(f"recorded: {wm['gpu']}, torch {wm['torch']}, {wm['date_utc']}, git {wm['git']}; "
-      f"reference {wp['2 correctness']['n'] - wp['2 correctness']['n_fail']}/{wp['2 correctness']['n']}, "
-      f"memcheck rc {wp['4 sanitize']['memcheck']['rc']}, racecheck rc {wp['4 sanitize']['racecheck']['rc']}")
-v6rows = sorted(wp["3 timing"]["rows"], key=lambda r: (r["D"], r["causal"], r["N"]))
-v6impls = ["sdpa-flash", "v5-c2", "v6-c0", "v6-c2", "v6-c6", "v6-c7"]
-v6names = {"sdpa-flash": "SDPA FLASH (FlashAttention-2)", "v5-c2": "v5 config 2 (128x128)",
-           "v6-c0": "v6 config 0 (128x64)", "v6-c2": "v6 config 2 (128x128, default)",
-           "v6-c6": "S-next 128x64 (left out)", "v6-c7": "S-next 128x128, D=64 (left out)"}
-fig, axes = plt.subplots(1, 2, figsize=(16, 4.2), sharey=True)
-width = 0.8 / len(v6impls)
-for ax, D in zip(axes, (64, 128)):
-    rs = [r for r in v6rows if r["D"] == D]
-    for i, impl in enumerate(v6impls):
-        xs = [j + (i - (len(v6impls) - 1) / 2) * width for j in range(len(rs))]
-        ax.bar(xs, [r["x_cudnn"].get(impl, 0) for r in rs], width, label=v6names[impl],
-               color={"sdpa-flash": "silver", "v5-c2": "gray"}.get(impl))
-    ax.axhline(1.0, color="k", lw=0.8); ax.axhline(0.9, color="k", lw=0.8, ls=":")
-    ax.set_xticks(range(len(rs)), [f"N={r['N']}\n{'causal' if r['causal'] else 'full'}" for r in rs], fontsize=8)
-    ax.set_title(f"D={D}"); ax.set_ylim(0.4, 1.1)
-axes[0].set_ylabel("x cuDNN (same run)"); axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-fig.suptitle(f"{wm['gpu']}, {wm['date_utc']}: forward v5 and v6, bf16, ratio to cuDNN (one run)")
-plt.tight_layout(); plt.show()
+wm, v6rows = recorded_run(RESULTS / "step07_v6" / "cuda_v6.json")
+ratio_bars(v6rows, {"sdpa-flash": "SDPA FLASH (FlashAttention-2)", "v5-c2": "v5 config 2 (128x128)",
+                    "v6-c0": "v6 config 0 (128x64)", "v6-c2": "v6 config 2 (128x128, default)",
+                    "v6-c6": "S-next 128x64 (left out)", "v6-c7": "S-next 128x128, D=64 (left out)"},
+           f"{wm['gpu']}, {wm['date_utc']}: forward v5 and v6, bf16, ratio to cuDNN (one run)",
+           (0.4, 1.1), {"sdpa-flash": "silver", "v5-c2": "gray"})
 
 print(f"{'':34s}" + "".join(f"{'D=%d %s' % (D, 'causal' if c else 'full'):>16s}" for D, c in shapes))
 for what, f in [("v6 config 2 / v5 config 2", lambda r: r["tflops"]["v6-c2"] / r["tflops"]["v5-c2"]),
