@@ -76,9 +76,12 @@ bench: $(STAMP)
 # On a GPU machine: every test in parallel, the grader on solutions/ (full marks) and on pristine
 # stubs (zero), the compiled-model tests, the leaderboard in CS336's harness and ours; writes
 # results/h200/gpu-check/summary.json. GPU_PY: the interpreter with a CUDA torch (.venv if set up).
+# Where one command may not run 10 minutes (the course's lent H200), two at one commit:
+#   make gpu-check PARTS=lb,tests RUNS=suite,notebooks
+#   make gpu-check PARTS=tests,grade RUNS=grading MERGE=results/h200/gpu-check/summary.json
 GPU_PY ?= $(shell test -x $(VPY) && echo $(VPY) || echo python3)
 gpu-check:
-	$(GPU_PY) -m bench.gpu_check $(if $(PARTS),--parts $(PARTS))
+	$(GPU_PY) -m bench.gpu_check $(if $(PARTS),--parts $(PARTS)) $(if $(RUNS),--tests-runs $(RUNS)) $(if $(MERGE),--merge-from $(MERGE))
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -97,3 +97,25 @@ def test_one_call_takes_the_grades_from_the_grading_tests(tmp_path, monkeypatch)
     assert "test_solutions_score_full_marks" in summary["grade_solutions"]["how"]
     assert summary["pytest"]["passed"] == 15 and rc == 0
     assert not summary["complete"]          # no leaderboard part at this commit
+
+
+def test_make_splits_the_check_in_two_commands():
+    """The Makefile passes the split the lent H200 needs (README): the parts, the test runs, the merge."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    repo = Path(__file__).resolve().parent.parent
+
+    def dry(*args):
+        return subprocess.run(["make", "-n", "gpu-check", *args], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout
+    assert dry().split()[1:] == ["-m", "bench.gpu_check"]
+    first = dry("PARTS=lb,tests", "RUNS=suite,notebooks").split()
+    assert first[-4:] == ["--parts", "lb,tests", "--tests-runs", "suite,notebooks"]
+    second = dry("PARTS=tests,grade", "RUNS=grading", "MERGE=results/h200/gpu-check/summary.json").split()
+    assert second[-6:] == ["--parts", "tests,grade", "--tests-runs", "grading",
+                           "--merge-from", "results/h200/gpu-check/summary.json"]
