@@ -110,9 +110,10 @@ def test_make_splits_the_check_in_two_commands():
         pytest.skip("no make")
     repo = Path(__file__).resolve().parent.parent
 
-    def dry(*args):
-        return subprocess.run(["make", "-n", "gpu-check", *args], cwd=repo, capture_output=True, text=True,
-                              check=True).stdout
+    def dry(*args):   # the command make would run (under `make test` this is a sub-make: no directory lines)
+        out = subprocess.run(["make", "--no-print-directory", "-n", "gpu-check", *args], cwd=repo,
+                             capture_output=True, text=True, check=True).stdout
+        return next(line for line in out.splitlines() if "-m bench.gpu_check" in line)
     assert dry().split()[1:] == ["-m", "bench.gpu_check"]
     first = dry("PARTS=lb,tests", "RUNS=suite,notebooks").split()
     assert first[-4:] == ["--parts", "lb,tests", "--tests-runs", "suite,notebooks"]
