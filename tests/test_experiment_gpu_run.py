@@ -75,3 +75,23 @@ def test_sanitize_runs_the_script_child_under_both_tools(tmp_path, monkeypatch):
             assert out[tool]["rc"] == want, (rc, out[tool])
             assert "child ran" in out[tool]["tail"] and f"{tool} done" in out[tool]["tail"]
         assert len(lines) == 2
+
+
+def test_check_cases_runs_every_case_and_records_each_failure():
+    """The four experiments' correctness part: a failing case is recorded with its message and logged, the
+    next case still runs, and the counts say how many failed out of how many."""
+    ran, lines = [], []
+
+    def case(tag, fail):
+        def check():
+            ran.append(tag)
+            if fail:
+                raise AssertionError(f"{tag} is off by 0.5")
+        return tag, check
+
+    res = gpu_run.check_cases((case(t, t == "b") for t in "abc"), lines.append)
+    assert ran == ["a", "b", "c"]
+    assert (res["n_fail"], res["n"]) == (1, 3)
+    assert [r["ok"] for r in res["rows"]] == [True, False, True]
+    assert res["rows"][1] == {"case": "b", "ok": False, "error": "b is off by 0.5"}
+    assert lines[0] == "  FAIL b: b is off by 0.5" and lines[-1] == "correctness: 2/3 cases match the float64 reference"

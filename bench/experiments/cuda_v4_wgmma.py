@@ -295,31 +295,29 @@ def main():
     def correctness():
         from attnlib import make_qkv
         from attnlib.checks import check_attention, check_lse
-        rows, n_fail = [], 0
-        for dtype in (torch.bfloat16, torch.float16):
-            for D in (64, 128):
-                for causal in (False, True):
-                    for N in (1, 77, 128, 1000, 4096):
-                        for config in (0, 1):
-                            B, H = (1, 2) if N >= 4096 else (2, 3)
-                            q, k, v = make_qkv(B, H, N, D=D, dtype=dtype, device="cuda", seed=N + D,
-                                               requires_grad=config == 0 and N <= 1000)
-                            tag = f"{str(dtype)[6:]} D={D} causal={causal} N={N} config={config}"
-                            try:
-                                def attn(q, k, v, is_causal, scale, config=config):
-                                    s = D ** -0.5 if scale is None else scale
-                                    return s7.FlashAttentionCUDA.apply(q, k, v, is_causal, s, 4, config)
-                                check_attention(attn, q, k, v, is_causal=causal, grads=q.requires_grad)
-                                with torch.no_grad():
-                                    _, lse = s7.fwd_op(q, k, v, causal, D ** -0.5, 4, config)
-                                check_lse(lse, q, k, v, is_causal=causal)
-                                rows.append({"case": tag, "ok": True})
-                            except Exception as e:  # noqa: BLE001
-                                n_fail += 1
-                                rows.append({"case": tag, "ok": False, "error": str(e)[:2000]})
-                                log(f"  FAIL {tag}: {str(e)[:1500]}")
-        log(f"correctness: {len(rows) - n_fail}/{len(rows)} cases match the float64 reference")
-        return {"n_fail": n_fail, "rows": rows}
+
+        def check(q, k, v, D, causal, config):
+            def attn(q, k, v, is_causal, scale):
+                s = D ** -0.5 if scale is None else scale
+                return s7.FlashAttentionCUDA.apply(q, k, v, is_causal, s, 4, config)
+            check_attention(attn, q, k, v, is_causal=causal, grads=q.requires_grad)
+            with torch.no_grad():
+                _, lse = s7.fwd_op(q, k, v, causal, D ** -0.5, 4, config)
+            check_lse(lse, q, k, v, is_causal=causal)
+
+        def cases():
+            for dtype in (torch.bfloat16, torch.float16):
+                for D in (64, 128):
+                    for causal in (False, True):
+                        for N in (1, 77, 128, 1000, 4096):
+                            for config in (0, 1):
+                                B, H = (1, 2) if N >= 4096 else (2, 3)
+                                q, k, v = make_qkv(B, H, N, D=D, dtype=dtype, device="cuda", seed=N + D,
+                                                   requires_grad=config == 0 and N <= 1000)
+                                yield (f"{str(dtype)[6:]} D={D} causal={causal} N={N} config={config}",
+                                       lambda q=q, k=k, v=v, D=D, causal=causal, config=config:
+                                       check(q, k, v, D, causal, config))
+        return gpu_run.check_cases(cases(), log)
     correctness()
 
     @part("4 timing")

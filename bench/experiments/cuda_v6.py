@@ -288,24 +288,19 @@ def main():
     @part("2 correctness")
     def correctness():
         from attnlib import make_qkv
-        rows, n_fail = [], 0
-        for dtype in (torch.bfloat16, torch.float16):
-            for D in (64, 128):
-                for causal in (False, True):
-                    for nq, nk in cuda_v5.SHAPES:
-                        for config in CONFIGS[D]:
-                            B, H = (1, 2) if max(nq, nk) >= 4096 else (2, 3)
-                            q, k, v = make_qkv(B, H, nq, nk, D=D, dtype=dtype, device="cuda", seed=nq + nk + D)
-                            tag = f"{str(dtype)[6:]} D={D} causal={causal} Nq={nq} Nk={nk} config={config}"
-                            try:
-                                check_case(q, k, v, causal, config)
-                                rows.append({"case": tag, "ok": True})
-                            except Exception as e:  # noqa: BLE001
-                                n_fail += 1
-                                rows.append({"case": tag, "ok": False, "error": str(e)[:2000]})
-                                log(f"  FAIL {tag}: {str(e)[:1500]}")
-        log(f"correctness: {len(rows) - n_fail}/{len(rows)} cases match the float64 reference")
-        return {"n_fail": n_fail, "n": len(rows), "rows": rows}
+
+        def cases():
+            for dtype in (torch.bfloat16, torch.float16):
+                for D in (64, 128):
+                    for causal in (False, True):
+                        for nq, nk in cuda_v5.SHAPES:
+                            for config in CONFIGS[D]:
+                                B, H = (1, 2) if max(nq, nk) >= 4096 else (2, 3)
+                                q, k, v = make_qkv(B, H, nq, nk, D=D, dtype=dtype, device="cuda", seed=nq + nk + D)
+                                yield (f"{str(dtype)[6:]} D={D} causal={causal} Nq={nq} Nk={nk} config={config}",
+                                       lambda q=q, k=k, v=v, causal=causal, config=config:
+                                       check_case(q, k, v, causal, config))
+        return gpu_run.check_cases(cases(), log)
     correctness()
 
     @part("3 timing")

@@ -1,7 +1,8 @@
 """What step 07's CUDA experiments (cuda_v4_wgmma.py, cuda_v5.py, cuda_v6.py, cuda_bwd_wgmma.py) share
 on the GPU: the record of one run -- every line printed and written to NAME.log, NAME.json rewritten
 after every part, parts that record their error and never raise, the run's metadata -- and
-compute-sanitizer over the script's own ``--sanitize-child`` mode.
+compute-sanitizer over the script's own ``--sanitize-child`` mode, and the loop that checks every case
+against the reference (``check_cases``).
 
     REC = gpu_run.Record("cuda_v6")          # module level; RESULT = REC.result, log = REC.log, ...
     REC.open(args.out, REPO)                 # in main(), on the GPU
@@ -76,6 +77,23 @@ class Record:
                 self.save()
             return run
         return deco
+
+
+def check_cases(cases, log) -> dict:
+    """Run every case of ``cases`` (``(tag, check)`` pairs, ``check()`` raising when the kernel is wrong; a
+    generator, so each case's inputs are made when it runs): a failure is recorded with its message and
+    logged, and the next case runs. Returns the correctness part's record: ``n_fail``, ``n``, ``rows``."""
+    rows, n_fail = [], 0
+    for tag, check in cases:
+        try:
+            check()
+            rows.append({"case": tag, "ok": True})
+        except Exception as e:  # noqa: BLE001
+            n_fail += 1
+            rows.append({"case": tag, "ok": False, "error": str(e)[:2000]})
+            log(f"  FAIL {tag}: {str(e)[:1500]}")
+    log(f"correctness: {len(rows) - n_fail}/{len(rows)} cases match the float64 reference")
+    return {"n_fail": n_fail, "n": len(rows), "rows": rows}
 
 
 def sanitize(script: str, t_start: float, log, budget_s: float = 230.0) -> dict:
