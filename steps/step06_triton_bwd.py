@@ -119,7 +119,8 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
                 lo, hi, N_Q, N_K, qk_scale,              # query range [lo, hi) of this stage
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PAD_D: tl.constexpr,
                 MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, EARLY_DP: tl.constexpr = True):
+                DOT_PRECISION: tl.constexpr, EARLY_DP: tl.constexpr = True,
+                TMA_DQ: tl.constexpr = False, bh=0):     # DQ a (B*H, Nq, BLOCK_D) fp32 descriptor; bh: its head
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -152,8 +153,13 @@ def _dkdv_inner(dk, dv, k, v,                            # fp32 accumulators (BL
         if ATOMIC_DQ:
             # This key tile's share of dQ for these query rows (unscaled: the launcher scales it).
             dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION)   # (BLOCK_M, BLOCK_D)
-            dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
-            tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            if TMA_DQ:
+                # One bulk reduce-add of the whole tile, done by the TMA unit in L2 (rows past Nq dropped).
+                DQ.atomic_add([bh, start_m, 0], dq.reshape(1, BLOCK_M, dq.shape[1]))
+            else:
+                dq_ptrs = DQ + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+                tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM),
+                              sem="relaxed")
     return dk, dv
 
 
@@ -164,7 +170,7 @@ def _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,      # pointers to this (bat
                start_n, N_Q, N_K, scale, qk_scale,       # this tile's first key row
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               EARLY_DP: tl.constexpr = True):
+               EARLY_DP: tl.constexpr = True, TMA_DQ: tl.constexpr = False, bh=0):
     """dK and dV of key rows [start_n, start_n + BLOCK_N): the loop over every query tile that sees them."""
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -180,15 +186,15 @@ def _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,      # pointers to this (bat
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, lo, diag_end, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP, TMA_DQ, bh)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, diag_end, q_full, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
+                         HEAD_DIM, BLOCK_M, PAD_D, False, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP, TMA_DQ, bh)
     dk, dv = _dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, DQ,
                          stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
                          offs_n, offs_d, tail, N_Q, N_Q, N_K, qk_scale,
-                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
+                         HEAD_DIM, BLOCK_M, PAD_D, True, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP, TMA_DQ, bh)
     dk_ptrs = DK + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     dv_ptrs = DV + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     in_range = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
@@ -213,6 +219,7 @@ def _bwd_dkdv_kernel(
     IS_CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EARLY_DP: tl.constexpr,                               # dP = V dO^T issued before the exponentials (_dkdv_inner)
     HEADS_FIRST: tl.constexpr,                            # grid (B*H, key tiles) instead of (key tiles, B*H)
+    TMA_DQ: tl.constexpr = False,                         # DQ: a host descriptor of the fp32 buffer (dq_mode "atomic_tma")
 ):
     scale = tl.cast(scale, tl.float32)           # fp64 when Inductor relaunches the kernel: step 05 says why
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -233,14 +240,15 @@ def _bwd_dkdv_kernel(
     DO += b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh
     DK += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
     DV += b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh
-    DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
+    if not TMA_DQ:
+        DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
     LSE += bh.to(tl.int64) * N_Q
     DELTA += bh.to(tl.int64) * N_Q
     _dkdv_tile(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                stride_qm, stride_qd, stride_kn, stride_kd, stride_vn, stride_vd,
                stride_dom, stride_dod, stride_dkn, stride_dkd, stride_dqm, stride_dqd,
                pid_n * BLOCK_N, N_Q, N_K, scale, qk_scale,
-               HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP)
+               HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, IS_CAUSAL, ATOMIC_DQ, DOT_PRECISION, EARLY_DP, TMA_DQ, bh)
 
 
 # %% 3. dQ, second pass --------------------------------------------------------------
@@ -469,7 +477,23 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
 
 # %% Launchers -----------------------------------------------------------------------
 
-DQ_MODES = ("separate", "atomic", "fused")
+DQ_MODES = ("separate", "atomic", "fused", "atomic_tma")
+
+
+def tma_dq_unsupported(q):
+    """Why ``dq_mode="atomic_tma"`` cannot run on ``q``'s device (a sentence), or None when it can.
+
+    The bulk reduce-add is a Hopper instruction (``cp.reduce.async.bulk.tensor``): an sm_90+ GPU.
+    Triton 3.6's interpreter has no reduce for descriptors, so a CPU cannot run it at all.
+    """
+    if q.device.type != "cuda":
+        return (f"dq_mode='atomic_tma' adds dQ tiles with Hopper's TMA reduce: it needs a CUDA GPU, sm_90 or newer "
+                f"(Triton's interpreter has no descriptor reduce), got a {q.device.type} tensor; use dq_mode='atomic'")
+    major, minor = torch.cuda.get_device_capability(q.device)
+    if major < 9:
+        return (f"dq_mode='atomic_tma' needs an sm_90 or newer GPU (Hopper); {torch.cuda.get_device_name(q.device)} "
+                f"is sm_{major}{minor}; use dq_mode='atomic'")
+    return None
 
 
 def _grid(tiles_, bh, heads_first):
@@ -498,13 +522,23 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     cfg = config or bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
     dq_mode = dq_mode or cfg["dq_mode"]
     if dq_mode not in DQ_MODES:
-        raise ValueError(f"dq_mode must be 'separate', 'atomic' or 'fused', got {dq_mode!r}")
+        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    tma_dq = dq_mode == "atomic_tma"
+    if tma_dq and tma_dq_unsupported(q):
+        raise ValueError(f"step06 backward: {tma_dq_unsupported(q)}")
     prec = _dot_precision(q.dtype)
     lse = lse.reshape(B * H, nq).contiguous()     # the kernels index it as (B*H, nq), row stride nq: a row slice of a longer LSE (the ring passes lse[..., rows]) is a view with another stride
     delta = q.new_empty((B * H, nq), dtype=torch.float32)
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
     dq = q.new_zeros(q.shape, dtype=torch.float32) if dq_mode == "atomic" else q.new_empty(q.shape)
     dq4, dk4, dv4 = as_bhnd(dq), as_bhnd(dk), as_bhnd(dv)
+    if tma_dq:
+        # (B*H, Nq, BLOCK_D) fp32, zeroed: each key tile's program reduce-adds its (BLOCK_M, BLOCK_D)
+        # share into it through a descriptor (box [1, BLOCK_M, BLOCK_D]: a tile never crosses a head).
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        dq_acc = q.new_zeros((B * H, nq, bd), dtype=torch.float32)
+        dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()),
+                                   [1, cfg["dkdv"]["BLOCK_M"], bd])
     pre = configured(_bwd_preprocess, {})
     bm = cfg["pre"]["BLOCK_M"]
     wrap_triton(pre)[(triton.cdiv(nq, bm), B * H)](
@@ -524,11 +558,11 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
         c = {"EARLY_DP": True, "HEADS_FIRST": False, **cfg["dkdv"]}
         dkdv = configured(_bwd_dkdv_kernel, c)
         wrap_triton(dkdv)[_grid(triton.cdiv(nk, c["BLOCK_N"]), B * H, c["HEADS_FIRST"])](
-            q4, k4, v4, do4, lse, delta, dk4, dv4, dq4,
+            q4, k4, v4, do4, lse, delta, dk4, dv4, dq_desc if tma_dq else dq4,
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dk4.stride(), *dq4.stride(),
             H, nq, nk, scale, scale * LOG2E,
-            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode == "atomic",
-            DOT_PRECISION=prec, **tiles(c))
+            HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode in ("atomic", "atomic_tma"),
+            DOT_PRECISION=prec, TMA_DQ=tma_dq, **tiles(c))
     if dq_mode == "separate":
         c = {"EARLY_DP": False, "HEADS_FIRST": False, **cfg["dq"]}
         dq_kernel = configured(_bwd_dq_kernel, c)
@@ -539,6 +573,8 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
             HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
     if dq_mode == "atomic":
         dq = (dq * scale).to(q.dtype)
+    if tma_dq:
+        dq = (dq_acc.view(B, H, nq, bd)[..., :d] * scale).to(q.dtype).reshape(q.shape)
     return dq, dk, dv
 
 

@@ -224,13 +224,22 @@ def test_bad_dq_mode(load):
         step.attention(q, k, v, dq_mode="fast").sum().backward()
 
 
+@pytest.mark.skipif(GPU, reason="the refusal on a CPU")
+def test_atomic_tma_refused_on_cpu(load):
+    """TMA's bulk reduce is a Hopper instruction the interpreter lacks: a clear ValueError, no fallback."""
+    step = load(6)
+    q, k, v = (t.requires_grad_() for t in qkv(CASES[1], torch.float32))
+    with pytest.raises(ValueError, match="sm_90"):
+        step.attention(q, k, v, is_causal=True, dq_mode="atomic_tma").sum().backward()
+
+
 # --- GPU only ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason=BF16_SKIP)
 @pytest.mark.parametrize("case", [CASES[1], CASES[4], CASES[5], Case((2, 4), 300, 300, 128)], ids=ids)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dq_mode", ["separate", "atomic", "fused"])
+@pytest.mark.parametrize("dq_mode", ["separate", "atomic", "fused", "atomic_tma"])
 def test_bf16(load, case, is_causal, dq_mode):
     step = load(6)
     check_attention(with_mode(step, dq_mode), *qkv(case, torch.bfloat16), is_causal=is_causal)
@@ -240,7 +249,7 @@ def test_bf16(load, case, is_causal, dq_mode):
 @pytest.mark.skipif(not GPU, reason="compiled kernels need a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=ids)
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dq_mode", [None, "fused"], ids=["tuned", "fused"])
+@pytest.mark.parametrize("dq_mode", [None, "fused", "atomic_tma"], ids=["tuned", "fused", "atomic_tma"])
 def test_compiled_sizes(load, dtype, is_causal, dq_mode):
     """Sizes the interpreter is too slow for, with the GPU's tile table: many tiles, D up to 256."""
     step = load(6)
