@@ -127,8 +127,9 @@ def implementations(impl_root="solutions", device="cpu"):
         add(f"sdpa-{b}", 3, backend=b)
     add("step04", 4)
     add("step04-compiled", 4, fn="attention_compiled")
-    add("step05", 5)
-    add("step05-tma", 5, tma=True)        # opt-in TMA loads; a ValueError row ("unsupported: ...") where TMA cannot run
+    add("step05", 5)                      # TMA where step 05's tma_by_default says (D=128, 16-bit, sm_90), else pointers
+    add("step05-tma", 5, tma=True)        # TMA everywhere; a ValueError row ("unsupported: ...") where TMA cannot run
+    add("step05-ptr", 5, tma=False)       # pointer loads everywhere
     add("step06", 6)
     add("step07", 7)
     add("step07-v4", 7, version=4)     # sm_90a only: a ValueError row elsewhere
@@ -140,7 +141,7 @@ def implementations(impl_root="solutions", device="cpu"):
 CPU_DEFAULT = ["naive", "compiled", "sdpa-flash", "sdpa-math", "step04"]
 # Forward-only kernels: step 05's backward is step 04's PyTorch one (step 06 is its Triton backward), so its
 # "fwd+bwd" time measures PyTorch, not the step (86 ms at N=4096 in the 12-01 grid): such rows are not timed.
-FORWARD_ONLY = {"step05": "step 06", "step05-tma": "step 06"}
+FORWARD_ONLY = {"step05": "step 06", "step05-tma": "step 06", "step05-ptr": "step 06"}
 
 
 def measure(name, fn, *, B, H, N, D, causal, dtype, device, modes=("fwd", "fwd+bwd"), machine=None, suite=""):

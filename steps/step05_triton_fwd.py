@@ -569,14 +569,17 @@ def _dot_precision(dtype):
 
 
 @direct_launches
-def forward(q, k, v, is_causal, scale, config=None, tma=False, descriptors=None):
+def forward(q, k, v, is_causal, scale, config=None, tma=None, descriptors=None):
     """Run the kernel: ``(O, LSE)`` with O shaped like q (contiguous) and LSE ``(..., Nq)`` float32.
 
     ``scale`` must already be resolved (a float). ``config`` overrides ``dense_fwd_config``.
-    ``tma``: the TMA kernel (``_attn_fwd_tma_kernel``) instead, or a ValueError saying why it cannot
-    run here; ``descriptors`` ("host" or "device") picks how it gets its descriptors (default: host
+    ``tma``: True, the TMA kernel (``_attn_fwd_tma_kernel``) instead, or a ValueError saying why it
+    cannot run here; False, the pointer kernel; None (default), ``tma_by_default``'s choice.
+    ``descriptors`` ("host" or "device") picks how the TMA kernel gets its descriptors (default: host
     ones in eager mode, device ones when a compiler traces the call: see ``forward_tma``).
     """
+    if tma is None:
+        tma = tma_by_default(q, k, v)
     if tma:
         return forward_tma(q, k, v, is_causal, scale, config, descriptors)
     raise_if_stubbed(_attn_fwd_kernel)
@@ -603,6 +606,21 @@ def forward(q, k, v, is_causal, scale, config=None, tma=False, descriptors=None)
 
 TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TMA_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def tma_by_default(q, k, v):
+    """Does ``forward`` take the TMA kernel when not told (``tma=None``)? Where it was measured faster.
+
+    On the H200 (bf16, FlashAttention's grid, N 4k-16k; results/h200/triton/fwd_tma_course_3f626a2.json)
+    TMA ran 1.07-1.11x the pointer kernel at D=128 and 0.97-1.02x at D=64: so 16-bit inputs with D=128
+    on an sm_90 GPU, where ``tma_unsupported`` finds nothing against it. Elsewhere (other GPUs were
+    not measured, D=64 gains nothing, a CPU has no TMA) the pointer kernel runs.
+    """
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] != 128:
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    return tma_unsupported(q, k, v) is None
 
 
 def _tma_strides(t4):
@@ -650,7 +668,7 @@ def tma_unsupported(q, k, v):
         if bad:
             return (f"TMA needs every stride of {name} (viewed as (B, H, N, D)) to be a multiple of 16 bytes; "
                     f"strides {tuple(t4.stride())} x {size} bytes are not")
-        if not _traced((t,)) and t4.data_ptr() % 16:
+        if (t.storage_offset() * size) % 16 if _traced((t,)) else t4.data_ptr() % 16:
             return f"TMA needs {name} to start at a 16-byte aligned address (a slice at an odd offset?)"
     return None
 
@@ -721,7 +739,7 @@ def forward_tma(q, k, v, is_causal, scale, config=None, descriptors=None):
 # autograd.Function is what students, tests and CS336's harness call:
 # FlashAttentionTritonFwd.apply(q, k, v, is_causal) -> O.
 
-def _fwd_fake(q, k, v, is_causal, scale, tma=False):
+def _fwd_fake(q, k, v, is_causal, scale, tma=None):
     if tma:
         why = tma_unsupported(q, k, v)          # the same refusal when traced as in eager mode
         if why:
@@ -730,7 +748,7 @@ def _fwd_fake(q, k, v, is_causal, scale, tma=False):
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
-              scale: float, tma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              scale: float, tma: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     return forward(q, k, v, is_causal, scale, tma=tma)
 
 
@@ -755,15 +773,15 @@ run_fwd = eager_fast(fwd_op, _fwd_impl)      # the operator when compiled, its l
 class FlashAttentionTritonFwd(torch.autograd.Function):
     """Forward: the Triton kernel above (as ``fwd_op``). Backward: step 04's PyTorch backward.
 
-    ``apply(q, k, v, is_causal=False, scale=None, tma=False)`` -> O; saves q, k, v, O and exactly one
-    LSE tensor, float32 ``(..., Nq)``. ``tma=True``: the forward runs the TMA kernel (the backward is
-    the same either way).
+    ``apply(q, k, v, is_causal=False, scale=None, tma=None)`` -> O; saves q, k, v, O and exactly one
+    LSE tensor, float32 ``(..., Nq)``. ``tma=True``: the forward runs the TMA kernel, ``False`` the
+    pointer kernel, ``None`` ``tma_by_default``'s choice (the backward is the same either way).
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=None, tma=False):
+    def forward(ctx, q, k, v, is_causal=False, scale=None, tma=None):
         scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 FlashAttentionTritonFwd")
-        o, lse = run_fwd(q, k, v, is_causal, scale, bool(tma))
+        o, lse = run_fwd(q, k, v, is_causal, scale, _tma_flag(tma))
         _setup_context(ctx, (q, k, v, is_causal, scale), (o, lse))
         return o
 
@@ -772,17 +790,23 @@ class FlashAttentionTritonFwd(torch.autograd.Function):
         return _backward(ctx, do)
 
 
-def attention(q, k, v, is_causal=False, scale=None, tma=False):
+def _tma_flag(tma):
+    return None if tma is None else bool(tma)
+
+
+def attention(q, k, v, is_causal=False, scale=None, tma=None):
     """The course contract (attnlib/contract.py) through the Triton forward kernel.
 
-    ``tma=True`` (opt-in): Q, K, V loaded and O stored by TMA (``_attn_fwd_tma_kernel``); a ValueError
-    says why where TMA cannot be used (not sm_90+, float64, D not a power of two in 16..256, strides).
+    ``tma=True``: Q, K, V loaded and O stored by TMA (``_attn_fwd_tma_kernel``); a ValueError says
+    why where TMA cannot be used (not sm_90+, float64, D not a power of two in 16..256, strides).
+    ``tma=False``: the pointer kernel. ``None`` (default): TMA where ``tma_by_default`` says it was
+    measured faster (D=128, 16-bit, sm_90), the pointer kernel elsewhere.
     """
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 attention")
-    return FlashAttentionTritonFwd.apply(q, k, v, is_causal, scale, bool(tma))
+    return FlashAttentionTritonFwd.apply(q, k, v, is_causal, scale, _tma_flag(tma))
 
 
-def attention_with_lse(q, k, v, is_causal=False, scale=None, tma=False):
+def attention_with_lse(q, k, v, is_causal=False, scale=None, tma=None):
     """``(O, LSE)``: the forward kernel's two outputs, with no autograd."""
     scale = check_inputs(q, k, v, is_causal=is_causal, scale=scale, where="step05 attention_with_lse")
-    return forward(q, k, v, is_causal, scale, tma=bool(tma))
+    return forward(q, k, v, is_causal, scale, tma=_tma_flag(tma))

@@ -468,6 +468,12 @@ def bwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
         dkdv = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=2)
         dq = dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3)
         fused = dict(BLOCK_M1=64, BLOCK_N1=128, BLOCK_M2=128, BLOCK_N2=32, num_warps=8, num_stages=2)
+        if is_causal and nk >= 4096:
+            # dQ by TMA reduce-add: the backward 1.02x (N=4096) and 1.11x (N=16384) the second pass
+            # at these tiles, 0.95x at N=1024, 0.88-0.95x not causal (H200, bf16, FlashAttention's
+            # grid; results/h200/triton/tma_dq_*). Not deterministic: ``backward`` takes the
+            # second pass instead on a GPU without TMA or under torch.use_deterministic_algorithms.
+            return dict(dkdv=dkdv, dq=dq, fused=fused, pre=dict(BLOCK_M=128), dq_mode="atomic_tma")
     else:   # D = 256: the accumulators alone fill the registers; 8 warps share them without spilling
         dkdv = dict(BLOCK_M=16, BLOCK_N=64, num_warps=8, num_stages=2)
         dq = dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
@@ -520,6 +526,9 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     nk = k4.shape[2]
     bd = _pow2_dim(d)
     cfg = config or bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
+    if dq_mode is None and cfg["dq_mode"] == "atomic_tma" and (
+            torch.are_deterministic_algorithms_enabled() or tma_dq_unsupported(q)):
+        dq_mode = "separate"        # the table's choice, where it cannot run or must not (not asked for by name)
     dq_mode = dq_mode or cfg["dq_mode"]
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")

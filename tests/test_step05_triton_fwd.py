@@ -304,6 +304,18 @@ def test_tma_strided_inputs(load):
         step.attention(q2, q2.flip(-2), q2 * 0.5, tma=True)
 
 
+def test_tma_by_default_where_measured(load):
+    """tma=None (the default) takes TMA only for 16-bit D=128 on an sm_90 GPU that can address the inputs."""
+    step = load(5)
+    x = make_qkv(1, 2, 64, 64, 128, dtype=torch.bfloat16, device=DEVICE)
+    hopper = GPU and torch.cuda.get_device_capability()[0] == 9
+    assert step.tma_by_default(*x) == hopper, f"D=128 bf16 on {DEVICE}: expected {hopper}"
+    assert not step.tma_by_default(*make_qkv(1, 2, 64, 64, 64, dtype=torch.bfloat16, device=DEVICE)), "D=64"
+    assert not step.tma_by_default(*make_qkv(1, 2, 64, 64, 128, device=DEVICE)), "fp32"
+    odd = torch.randn(2 * 64 * 128 + 1, dtype=torch.bfloat16, device=DEVICE)[1:].view(1, 2, 64, 128)
+    assert not step.tma_by_default(odd, odd, odd), "a misaligned start"
+
+
 def _refusals():
     g = torch.Generator().manual_seed(4)
     r = lambda *s, dtype=torch.float32: torch.randn(*s, generator=g).to(dtype).to(DEVICE)   # noqa: E731

@@ -233,6 +233,33 @@ def test_atomic_tma_refused_on_cpu(load):
         step.attention(q, k, v, is_causal=True, dq_mode="atomic_tma").sum().backward()
 
 
+def test_atomic_tma_default_yields_to_determinism(load, monkeypatch):
+    """The table's atomic_tma (D=128, causal, long) is not deterministic: under
+    torch.use_deterministic_algorithms the backward takes the second pass. On a CPU the TMA path cannot
+    run at all (the interpreter has no descriptor reduce), so a backward that returns took the second pass."""
+    step = load(6)
+    assert step.bwd_config(4096, 4096, 128, torch.bfloat16, True, "cuda")["dq_mode"] == "atomic_tma"
+    assert step.bwd_config(4096, 4096, 128, torch.bfloat16, False, "cuda")["dq_mode"] == "separate"
+    assert step.bwd_config(16384, 16384, 64, torch.bfloat16, True, "cuda")["dq_mode"] == "separate"
+    if GPU:
+        pytest.skip("the CPU half: on a GPU test_bf16 and test_compiled_sizes run atomic_tma itself")
+    monkeypatch.setattr(step, "tma_dq_unsupported", lambda q: None)     # as if on Hopper
+    q, k, v = qkv(CASES[1], torch.float32)
+    o, lse = step.attention_with_lse(q, k, v, is_causal=True)
+    cfg = dict(step.bwd_config(q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, True, "cpu"), dq_mode="atomic_tma")
+    args = (q, k, v, o, lse, make_dout(o), True, q.shape[-1] ** -0.5)
+    prev = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        grads = step.backward(*args, config=cfg)                     # took the second pass
+        assert_grads(grads, reference_backward(q, k, v, make_dout(o), True), "deterministic mode")
+        torch.use_deterministic_algorithms(False)
+        with pytest.raises(Exception, match="create_descriptor_reduce|atomic_add"):
+            step.backward(*args, config=cfg)                          # the TMA path, which the interpreter lacks
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
 # --- GPU only ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
