@@ -300,10 +300,11 @@ def _dkdv_pipe_kernel(
     PIPE: tl.constexpr = 0,                                # 0 step 06's loop, 1 sT pipelined, 2 + dV / dK deferred
     END_WAIT: tl.constexpr = False,                        # PIPE 1, 2: a dummy product that waits at the step's end
     P_F32: tl.constexpr = True,                            # PIPE 2: pT, dsT carried in fp32
+    TMA_DQ: tl.constexpr = False,                          # step 06's launcher passes it (dq_mode "atomic_tma"): unused
 ):
     """Step 06's ``_bwd_dkdv_kernel`` (same arguments, same pointer set-up, same stage split: masked diagonal,
     unmasked body, masked tail) with the loop chosen by PIPE; PIPE=0 calls step 06's own ``_dkdv_tile``."""
-    tl.static_assert(not ATOMIC_DQ)
+    tl.static_assert(not ATOMIC_DQ and not TMA_DQ)
     scale = tl.cast(scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     if HEADS_FIRST:
