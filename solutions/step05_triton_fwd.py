@@ -641,15 +641,22 @@ TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TMA_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
+TMA_MIN_LEN = 2048      # shorter sequences run the pointer kernel by default (see tma_by_default)
+
+
 def tma_by_default(q, k, v):
     """Does ``forward`` take the TMA kernel when not told (``tma=None``)? Where it was measured faster.
 
-    On the H200 (bf16, FlashAttention's grid, N 4k-16k; results/h200/triton/fwd_tma_course_3f626a2.json)
-    TMA ran 1.07-1.11x the pointer kernel at D=128 and 0.97-1.02x at D=64: so 16-bit inputs with D=128
-    on an sm_90 GPU, where ``tma_unsupported`` finds nothing against it. Elsewhere (other GPUs were
-    not measured, D=64 gains nothing, a CPU has no TMA) the pointer kernel runs.
+    On the H200 (bf16, FlashAttention's grid; results/h200/triton/fwd_tma_course_3f626a2.json and
+    results/h200/grid_1202/) TMA ran 1.07-1.13x the pointer kernel at D=128 for N 2k-16k, but 0.40-0.77x
+    at N 512-1024 (many small programs: each pays the descriptor set-up), and 0.97-1.02x at D=64: so
+    16-bit inputs with D=128 and both lengths >= ``TMA_MIN_LEN`` on an sm_90 GPU, where
+    ``tma_unsupported`` finds nothing against it. Elsewhere (other GPUs were not measured, a CPU has
+    no TMA) the pointer kernel runs.
     """
     if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] != 128:
+        return False
+    if min(q.shape[-2], k.shape[-2]) < TMA_MIN_LEN:
         return False
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return False

@@ -135,11 +135,12 @@ def test_compiled_block_trains_step06(load, dtype, is_causal, via):
 @pytest.mark.step06
 @pytest.mark.skipif(not GPU, reason="TMA under torch.compile: the interpreter's descriptors are not Inductor's")
 def test_compiled_block_trains_step06_d128(load):
-    """Head dim 128: on an sm_90 GPU step 05's forward takes its TMA kernel by default (tma_by_default),
-    which a compiled graph runs with descriptors built in the kernel; the block must compile once and train."""
+    """Head dim 128, N = 2048: on an sm_90 GPU step 05's forward takes its TMA kernel by default
+    (tma_by_default), which a compiled graph runs with descriptors built in the kernel; the block must
+    compile once and train."""
     step = load(6)
     _compiled_matches_eager(lambda q, k, v, c: step.FlashAttentionTriton.apply(q, k, v, c), torch.bfloat16, True,
-                            dim=256)
+                            dim=256, n=load(5).TMA_MIN_LEN)
 
 
 @pytest.mark.slow

@@ -305,14 +305,17 @@ def test_tma_strided_inputs(load):
 
 
 def test_tma_by_default_where_measured(load):
-    """tma=None (the default) takes TMA only for 16-bit D=128 on an sm_90 GPU that can address the inputs."""
+    """tma=None (the default) takes TMA only for 16-bit D=128, N >= 2048, on an sm_90 GPU that can address
+    the inputs."""
     step = load(5)
-    x = make_qkv(1, 2, 64, 64, 128, dtype=torch.bfloat16, device=DEVICE)
+    n = step.TMA_MIN_LEN
+    x = make_qkv(1, 2, n, n, 128, dtype=torch.bfloat16, device=DEVICE)
     hopper = GPU and torch.cuda.get_device_capability()[0] == 9
-    assert step.tma_by_default(*x) == hopper, f"D=128 bf16 on {DEVICE}: expected {hopper}"
-    assert not step.tma_by_default(*make_qkv(1, 2, 64, 64, 64, dtype=torch.bfloat16, device=DEVICE)), "D=64"
-    assert not step.tma_by_default(*make_qkv(1, 2, 64, 64, 128, device=DEVICE)), "fp32"
-    odd = torch.randn(2 * 64 * 128 + 1, dtype=torch.bfloat16, device=DEVICE)[1:].view(1, 2, 64, 128)
+    assert step.tma_by_default(*x) == hopper, f"D=128 bf16 N={n} on {DEVICE}: expected {hopper}"
+    assert not step.tma_by_default(*make_qkv(1, 2, n, n // 2, 128, dtype=torch.bfloat16, device=DEVICE)), "short keys"
+    assert not step.tma_by_default(*make_qkv(1, 2, n, n, 64, dtype=torch.bfloat16, device=DEVICE)), "D=64"
+    assert not step.tma_by_default(*make_qkv(1, 2, n, n, 128, device=DEVICE)), "fp32"
+    odd = torch.randn(2 * n * 128 + 1, dtype=torch.bfloat16, device=DEVICE)[1:].view(1, 2, n, 128)
     assert not step.tma_by_default(odd, odd, odd), "a misaligned start"
 
 
