@@ -374,7 +374,7 @@ plt.show()
 # 128 x 128 tiles at D = 128 on a Hopper GPU (`dense_fwd_config`: three stages of 128-key K and V tiles
 # need about 200 KB of shared memory, more than an A100's 163 KB).
 #
-# **TMA, opt-in.** `attention(q, k, v, is_causal, tma=True)` runs a second kernel,
+# **TMA.** `attention(q, k, v, is_causal, tma=True)` runs a second kernel,
 # `_attn_fwd_tma_kernel`: the same math through the same helpers you wrote (`key_range`,
 # `online_softmax_tile`, `finish_rows`), but Q, K and V arrive and O leaves through 4-D tensor
 # descriptors over (B, H, N, D) with a box of [1, 1, BLOCK, D]. A tile that runs past N comes back
@@ -398,6 +398,21 @@ plt.show()
 # TMA pays where a tile is big (D = 128: 128 x 128 x 2 bytes per operand tile), not at D = 64, where the
 # pointer kernel already keeps the tensor cores fed; the last 5-10% to cuDNN is what TMA does not give:
 # warp specialization and the overlap of the softmax with the next product (issue 17).
+#
+# **TMA by default, where it was measured to pay.** With `tma=None` (the default) `forward` asks
+# `tma_by_default`: 16-bit inputs, D = 128, both lengths at least `TMA_MIN_LEN` = 2048, an sm_90 GPU, and
+# nothing `tma_unsupported` objects to. Why the length: the whole grid on the H200 with TMA at every
+# length (2026-12-02, `results/h200/grid_1202/`, `step05` against `step05-ptr`, bf16, D = 128):
+#
+# | N | 512 | 1024 | 2048 | 4096 | 8192 | 16384 |
+# |---|---|---|---|---|---|---|
+# | TMA / pointers, not causal | 0.99x | 0.77x | 1.11x | 1.13x | 1.11x | 1.09x |
+# | TMA / pointers, causal | 0.40x | 0.56x | 1.01x | 1.11x | 1.10x | 1.10x |
+#
+# Short sequences are many small programs that finish in microseconds: whatever a TMA launch adds
+# (descriptors to build and fetch) is not paid back by faster tiles. The default now stops at 2048 (the
+# rows below it run the pointer kernel again); `tma=True` still forces TMA anywhere it can run, and
+# `tma=False` never uses it. From N = 4096 this step's forward is 0.90-0.97x cuDNN at D = 128 (it was 0.80-0.88x).
 #
 # **Next: step 06**, the backward pass as Triton kernels.
 

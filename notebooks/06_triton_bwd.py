@@ -138,6 +138,16 @@ for (B, H, nq, nk, d) in [(1, 2, 17, 17, 32), (1, 2, 50, 75, 32), (1, 1, 65, 65,
 # does about the same work. Same products, same determinism; the price is one `num_warps` and
 # `num_stages` for two phases that would each pick their own.
 #
+# A fourth, `dq_mode="atomic_tma"`, is the atomic way done as FlashAttention-3 does it on Hopper: the
+# program writes its `BLOCK_M x D` share to shared memory and one TMA instruction
+# (`cp.reduce.async.bulk.tensor`, from Triton's `desc.atomic_add` on a tensor descriptor) adds the whole
+# tile into dQ in L2, instead of every thread issuing an atomic per element. It needs an sm_90 GPU
+# (Triton's interpreter has no such instruction: on a CPU it is refused with a ValueError). Measured in
+# section 8's ledger: it beats the second pass only at D = 128, causal, N >= 4096 (1.02-1.11x), where
+# step 06's table now picks it; at the CS336 shape (D = 64) it loses. Like any atomic dQ it is not
+# deterministic, so under `torch.use_deterministic_algorithms(True)` the table's choice falls back to
+# the second pass.
+#
 # FlashAttention-2's CUDA code uses atomics; Triton's tutorial kernel uses a second pass. On an H200
 # the second pass won nearly everywhere (below, a run of 2026-11-29, before the dK/dV changes of
 # section 8; section 6 has step 06's current figures): the atomics cost more than the recomputation
@@ -461,6 +471,7 @@ lbv = load("lb_variants")                                                       
 tma = [r for r in load("fwd_tma_course_3f626a2")["rows"] if r["kind"] == "time"]  # triton_fwd_tma_course.py
 fpipe = [r for r in load("fwd_pipelined_1201_1915")["rows"] if r["D"] == 64 and r["causal"]]  # triton_fwd_pipelined.py
 kpipe = load("dkdv_pipelined_1201_1915")["rows"]                                   # triton_dkdv_pipelined.py
+tdq = load("tma_dq_1201_2346")["parts"]                                             # triton_tma_dq.py
 
 
 def ms(part, t, name):
@@ -490,6 +501,22 @@ def tma_pair(D, causal=True, N=16384):
             f"B=1 H={r['H']} D={D}; its six shapes {min(x):.2f}-{max(x):.2f}x")
 
 
+def tma_dq(D, causal, N):
+    """Step 06's second pass -> dq_mode="atomic_tma" at its table's dK/dV tiles, one shape of the grid."""
+    r = next(r for r in tdq["3 grid, backward"]["rows"] if (r["D"], r["causal"], r["N"]) == (D, causal, N))
+    return ("bwd", r["separate"], r["atomic_tma table"], "tma_dq_1201_2346",
+            f"B={r['B']} H={r['H']} D={D} N={N}, {'causal' if causal else 'not causal'}")
+
+
+def tma_dq_lb():
+    """The leaderboard shape: the table's second pass -> the fastest atomic_tma tile set."""
+    rows = tdq["2 leaderboard shape, backward"]["rows"]
+    tma_rows = {n: r["ms"] for n, r in rows.items() if n.startswith("atomic_tma") and "ms" in r}
+    name = min(tma_rows, key=tma_rows.get)
+    return ("bwd", rows["separate (table)"]["ms"], tma_rows[name], "tma_dq_1201_2346",
+            f"leaderboard shape, best of {len(tma_rows)} tile sets ({name[11:]})")
+
+
 def pipelined(timed, rows, table, file, first):
     """Step 05's / 06's own kernel (its table) -> the fastest hand-pipelined form (any row but a control) and
     the form its compile report put first, in the same run."""
@@ -514,7 +541,7 @@ LEDGER = [
     ("fwd: TMA loads, D=64", "no", "Q, K, V by tensor descriptor (Hopper's TMA) instead of pointers",
      [lb5ms("fwd", "1705", "table 128x64 w8 s3", "tma=True (table tiles)", "step 05, the table's 128x64 w8 s3"),
       tma_pair(64)]),
-    ("fwd: TMA loads, D=128", "opt-in", "the same at D=128 (not the leaderboard's D), 128x128 tiles",
+    ("fwd: TMA loads, D=128", "N >= 2048", "the same at D=128 (not the leaderboard's D), 128x128 tiles",
      [tma_pair(128)]),
     ("fwd: pipelined by hand", "no", "the next tile's Q K^T in flight across the softmax (FA-3's order, end wait)",
      pipelined("fwd", fpipe, "step05 forward (its table)", "fwd_pipelined_1201_1915", "defer-end 128x32 w8")),
@@ -558,6 +585,9 @@ LEDGER = [
      [("bwd", ms("bwd", "1711", "best dkdv + best dq"), ms("bwd", "1711", fastest("bwd", "1711", atomic)),
        "lb_5ms_1201_1711", f"best separate -> best of {len(atomic)} atomic ({fastest('bwd', '1711', atomic)[7:]})"),
       ("bwd", best["separate"], best["atomic"], "lb_variants", "best tiles of each, 2026-11-30")]),
+    ("dQ: TMA reduce-add (FA-3)", "D=128 causal", "atomic dQ, each share added by one TMA bulk reduce (dq_mode='atomic_tma')",
+     [tma_dq_lb(), tma_dq(128, True, 16384), tma_dq(128, True, 4096), tma_dq(128, False, 16384),
+      tma_dq(64, True, 4096)]),
     ("dQ: one launch (fused)", "no", "dK/dV then dQ in one launch, as Triton's tutorial (dq_mode='fused')",
      [("bwd", best["separate"], best["fused"], "lb_variants", "best tiles of each, 2026-11-30")]),
     ("warp specialization", "no", "tl.range(..., warp_specialize=True): loads and math on separate warps",

@@ -30,7 +30,7 @@ loop (``_fwd_inner``), the kernel (``_attn_fwd_kernel``), the tile table
 (``fwd_op``: ``torch.library.triton_op``, so ``torch.compile`` can hold it; see
 attnlib/ops.py), the autograd Function whose backward is step 04's PyTorch one
 (``FlashAttentionTritonFwd.apply(q, k, v, is_causal)``, as CS336 calls it), and the
-public ``attention``. Between the kernel and the table: the opt-in TMA kernel
+public ``attention``. Between the kernel and the table: the TMA kernel
 (``_attn_fwd_tma_kernel``); its launcher ``forward_tma`` follows ``forward``. The epilogue's
 arithmetic is the helper ``finish_rows``, shared by both kernels.
 
@@ -42,14 +42,17 @@ when their strides allow it and copied once otherwise). On a CPU it runs in
 Triton's interpreter (``TRITON_INTERPRET=1`` before triton is imported),
 where bf16 dots are wrong: use fp32 or fp16 there.
 
-Opt-in TMA (``attention(..., tma=True)``): ``_attn_fwd_tma_kernel`` moves Q, K, V and O by
-Hopper's bulk tensor copies through 4-D tensor descriptors (any N: tiles past N are zero-filled, and
-the masked stage hides the padded keys), with the same helpers; ``tma_unsupported`` says why it
-cannot run where it cannot (a ValueError, never a silent fallback). An experiment with a TMA copy of
-this kernel (bench/experiments/triton_fwd_tma.py, results/h200/triton/) found 1.02-1.11x over pointer
-loads at the same tiles at D=128 and nothing at D=64; this file's TMA kernel, on the H200: 1.07-1.11x
-at D=128, 0.97-1.02x at D=64, 0.88-0.96x cuDNN (bench/experiments/triton_fwd_tma_course.py). Not done here: warp specialization (producer warps
-that only load, consumer warps that only compute; NaN or slower in Triton 3.6, same experiment).
+TMA (``attention(..., tma=True)``, and by default where it pays): ``_attn_fwd_tma_kernel`` moves Q,
+K, V and O by Hopper's bulk tensor copies through 4-D tensor descriptors (any N: tiles past N are
+zero-filled, and the masked stage hides the padded keys), with the same helpers; ``tma_unsupported``
+says why it cannot run where it cannot (with ``tma=True``, a ValueError, never a silent fallback). An
+experiment with a TMA copy of this kernel (bench/experiments/triton_fwd_tma.py, results/h200/triton/)
+found 1.02-1.11x over pointer loads at the same tiles at D=128 and nothing at D=64; this file's TMA
+kernel, on the H200: 1.07-1.13x at D=128 for N >= 2048 but 0.40-0.77x for N 512-1024, 0.97-1.02x at
+D=64 (bench/experiments/triton_fwd_tma_course.py, results/h200/grid_1202/). So ``tma=None``, the
+default, takes it for 16-bit D=128 with N >= 2048 on sm_90 (``tma_by_default``): 0.90-0.97x cuDNN
+there. Not done here: warp specialization (producer warps that only load, consumer warps that only
+compute; NaN or slower in Triton 3.6, same experiment).
 """
 
 import torch
@@ -395,7 +398,7 @@ def _attn_fwd_kernel(
     tl.store(LSE + offs_m, lse, mask=offs_m < N_Q)
 
 
-# %% The kernel with TMA loads (opt-in: attention(..., tma=True)) ----------------------
+# %% The kernel with TMA loads (attention(..., tma=True); the default at D=128, N >= 2048 on sm_90) ---
 #
 # Hopper (sm_90) copies whole tiles between global and shared memory with one instruction, the
 # Tensor Memory Accelerator, driven by a 128-byte *tensor descriptor*: base address, shape, strides,

@@ -42,6 +42,16 @@ Three launches (two in the fused mode below):
      fp32 buffer and a conversion at the end. FlashAttention-2's CUDA code does
      this. Which is faster depends on the shape: ``bwd_config`` picks per shape
      from H200 measurements (results/h200/).
+   * ``"atomic_tma"``: "atomic" with each share added as one tile by Hopper's TMA
+     unit (``desc.atomic_add`` on a tensor descriptor of the fp32 buffer, which
+     Triton lowers to ``cp.reduce.async.bulk.tensor``: the reduction happens in
+     L2, the program's threads issue one instruction instead of an atomic per
+     element). FlashAttention-3's way. sm_90+ only (Triton's interpreter lacks it:
+     a ValueError on a CPU). The table's choice at D=128, causal, Nk >= 4096, where
+     it ran 1.02-1.11x the second pass on the H200; not at the CS336 shape (D=64:
+     3.91 ms against 3.76, bench/experiments/triton_tma_dq.py). Not deterministic:
+     under ``torch.use_deterministic_algorithms(True)`` the table's choice becomes
+     the second pass.
 
 Causal: as in the forward, query tiles that see none of a key tile are skipped
 (they come before the diagonal), tiles crossing the diagonal and the last
@@ -67,9 +77,12 @@ tiles started first in all three kernels (``HEADS_FIRST``) and four 4-warp progr
 for dK/dV: 5.33 -> 5.06 and 5.34 -> 5.14 ms in CS336's harness on two H200s, 5.08 and 5.18
 in two ``make gpu-check`` runs. The one-launch backward
 (``dq_mode="fused"``) was 9% slower than the two kernels there (best tiles 4.66 ms
-against 4.29, before those changes). Not done here: TMA loads and warp specialization
-(what cuDNN and FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64
-forward (results/h200/triton/fwd_tma.json).
+against 4.29, before those changes). TMA: step 05's forward takes its TMA kernel by default
+at D=128 for N >= 2048 (``tma_by_default``), and dQ's reduce-add is TMA's at D=128 causal
+(``"atomic_tma"``); together 1.04-1.10x forward + backward at D=128 causal N >= 4096
+(results/h200/grid_1202/). Not done here: warp specialization (what cuDNN and
+FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64 forward
+(results/h200/triton/fwd_tma.json).
 """
 
 import torch
@@ -407,7 +420,9 @@ def _bwd_fused_kernel(
 #   * dq_mode: "atomic" was at most 3% faster (D=128, causal, N >= 8k) and up to 17%
 #     slower (short sequences): every key tile adds a BLOCK_M x D fp32 tile into dQ
 #     through L2, gigabytes of atomic traffic at N=16k. The deterministic second
-#     pass is the default.
+#     pass is the default, except at D=128 causal Nk >= 4096, where the same adds done
+#     by TMA ("atomic_tma") ran 1.02x (N=4096) and 1.11x (N=16384) the second pass
+#     (results/h200/triton/tma_dq_1201_2346.json).
 #   * "fused" (one launch for both): measured on the leaderboard shape only (ten tile
 #     sets, results/h200/triton/lb_variants.json): 4.66-5.50 ms for the backward against
 #     4.29 for the separate kernels. Its tiles are the dK/dV kernel's (BLOCK_M1 x BLOCK_N1)

@@ -22,7 +22,18 @@ cuDNN, step 06's table, step 06 with the best "atomic_tma" tiles, the table agai
 
     python bench/experiments/triton_tma_dq.py --out DIR          # an H200: about 3-4 minutes
 
-Answer: (pending the H200 run).
+Answer (one H200, 2026-12-01 23:46 UTC at e25d6fe, the mode's commit; results/h200/triton/tma_dq_1201_2346.json,
+.log). Right: 35 of 36 cases give atomic_tma the second pass's very error (dQ's max error equal to three digits:
+the fp32 order changes nothing visible in bf16/fp16/fp32), the 36th a tile set that does not fit (128x128 at
+D=128: 296 KB of shared memory, a launch error, not a wrong result). Not at the leaderboard shape: the best
+dK/dV tiles with the reduce (64x64, 4 warps, no register cap) 3.91 ms against the second pass's 3.76-3.78; at
+the second pass's own tiles (32x64, 4 warps, capped at 128 registers) 5.33 ms; pointer atomics 5.52. CS336's
+harness: 5.33 ms with it against 5.09-5.11 for the table (cuDNN 4.50). Over the grid it pays only at D=128
+causal with N >= 4096: 1.02x (N=4096) and 1.11x (N=16384) the second pass with the table's 64x128 dK/dV tiles;
+0.62-0.99x at D=64, 0.88-0.96x at D=128 not causal. Step 06's table takes it there (``bwd_config``), the
+second pass everywhere else and under ``torch.use_deterministic_algorithms``. Why not at D=64 was not
+profiled; one difference: the bytes reduced per FLOP are 4 / (10 BLOCK_N) whatever D (a BLOCK_M x D fp32 share per
+five BLOCK_M x BLOCK_N x D products), and the fast D=64 dK/dV tiles hold 64 keys where D=128's hold 128.
 """
 
 from __future__ import annotations
