@@ -412,7 +412,7 @@ plt.show()
 # Short sequences are many small programs that finish in microseconds: whatever a TMA launch adds
 # (descriptors to build and fetch) is not paid back by faster tiles. The default now stops at 2048 (the
 # rows below it run the pointer kernel again); `tma=True` still forces TMA anywhere it can run, and
-# `tma=False` never uses it. From N = 4096 this step's forward is 0.90-0.97x cuDNN at D = 128 (it was 0.80-0.88x).
+# `tma=False` never uses it. From N = 4096 this step's forward is 0.89-0.97x cuDNN at D = 128 (it was 0.80-0.88x).
 #
 # **Next: step 06**, the backward pass as Triton kernels.
 

@@ -50,10 +50,10 @@ zero-filled, and the masked stage hides the padded keys), with the same helpers;
 says why it cannot run where it cannot (with ``tma=True``, a ValueError, never a silent fallback). An
 experiment with a TMA copy of this kernel (bench/experiments/triton_fwd_tma.py, results/h200/triton/)
 found 1.02-1.11x over pointer loads at the same tiles at D=128 and nothing at D=64; this file's TMA
-kernel, on the H200: 1.07-1.13x at D=128 for N >= 2048 but 0.40-0.77x for N 512-1024, 0.97-1.02x at
+kernel, on the H200: 1.01-1.13x at D=128 for N >= 2048 but 0.40-0.77x for N 512-1024, 0.97-1.02x at
 D=64 (bench/experiments/triton_fwd_tma_course.py, results/h200/grid_1202/). So ``tma=None``, the
-default, takes it for 16-bit D=128 with N >= 2048 on sm_90 (``tma_by_default``): 0.90-0.97x cuDNN
-there. Not done here: warp specialization (producer warps that only load, consumer warps that only
+default, takes it for 16-bit D=128 with N >= 2048 on sm_90 (``tma_by_default``): 0.89-0.97x cuDNN
+from N = 4096 (pointers: 0.80-0.88x). Not done here: warp specialization (producer warps that only load, consumer warps that only
 compute; NaN or slower in Triton 3.6, same experiment).
 """
 
