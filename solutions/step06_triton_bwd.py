@@ -83,6 +83,8 @@ FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64 forward
 (results/h200/triton/fwd_tma.json).
 """
 
+import warnings
+
 import torch
 import triton
 import triton.language as tl
@@ -590,6 +592,14 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     dq_mode = dq_mode or cfg["dq_mode"]
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    if dq_mode in ("atomic", "atomic_tma") and torch.are_deterministic_algorithms_enabled():
+        # As PyTorch's own nondeterministic ops do under torch.use_deterministic_algorithms(True).
+        why = (f"step06 backward: dq_mode={dq_mode!r} adds dQ with atomics, in an order (and so to last bits) "
+               f"that changes from run to run, and torch.use_deterministic_algorithms(True) is on: "
+               f"pass dq_mode='separate' or 'fused', or None (the table's choice, then deterministic)")
+        if not torch.is_deterministic_algorithms_warn_only_enabled():
+            raise RuntimeError(why)
+        warnings.warn(why, stacklevel=2)
     tma_dq = dq_mode == "atomic_tma"
     if tma_dq and tma_dq_unsupported(q):
         raise ValueError(f"step06 backward: {tma_dq_unsupported(q)}")

@@ -253,6 +253,12 @@ def test_atomic_tma_default_yields_to_determinism(load, monkeypatch):
         torch.use_deterministic_algorithms(True)
         grads = step.backward(*args, config=cfg)                     # took the second pass
         assert_grads(grads, reference_backward(q, k, v, make_dout(o), True), "deterministic mode")
+        for mode in ("atomic", "atomic_tma"):                         # asked for by name: PyTorch's error
+            with pytest.raises(RuntimeError, match="use_deterministic_algorithms"):
+                step.backward(*args, config=cfg, dq_mode=mode)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="use_deterministic_algorithms"):
+            step.backward(*args, config=cfg, dq_mode="atomic")       # warn_only: a warning, and it runs
         torch.use_deterministic_algorithms(False)
         with pytest.raises(Exception, match="create_descriptor_reduce|atomic_add"):
             step.backward(*args, config=cfg)                          # the TMA path, which the interpreter lacks
