@@ -146,7 +146,8 @@ for (B, H, nq, nk, d) in [(1, 2, 17, 17, 32), (1, 2, 50, 75, 32), (1, 1, 65, 65,
 # section 8's ledger: it beats the second pass only at D = 128, causal, N >= 4096 (1.02-1.11x), where
 # step 06's table now picks it; at the CS336 shape (D = 64) it loses. Like any atomic dQ it is not
 # deterministic, so under `torch.use_deterministic_algorithms(True)` the table's choice falls back to
-# the second pass.
+# the second pass, and asking for `"atomic"` or `"atomic_tma"` by name raises PyTorch's usual error (a
+# warning with `warn_only=True`).
 #
 # FlashAttention-2's CUDA code uses atomics; Triton's tutorial kernel uses a second pass. On an H200
 # the second pass won nearly everywhere (below, a run of 2026-11-29, before the dK/dV changes of
