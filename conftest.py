@@ -93,16 +93,25 @@ def load():
     return _load
 
 
-# The longest tests on a 2-core CPU (`--durations` of `make test`, 2026-12-01: the grader's whole-class runs
-# 117 and 54 s, every .cu file through nvcc 40 s, then 27-37 s each). Run first, so that `make test`'s two
-# workers do not end on one of them alone (a long test started last added up to 2 minutes to the run).
+# The longest tests on a 2-core CPU (`--durations=40` of `make test`, 2026-12-02: the grader's whole-class runs
+# 136 and 63 s, notebook 10 52 s, a hostile submission 47 s, every .cu file through nvcc 43 s, then 20-36 s
+# each). Run first, longest first, so that `make test`'s two workers do not end on one of them alone (a long
+# test started last added up to 2 minutes to the run).
 LONG_FIRST = (
     "tests/test_grading.py::test_solutions_score_full_marks",
     "tests/test_grading.py::test_stubs_score_zero_not_implemented",
-    "tests/test_step07_cuda.py::test_every_cu_file_compiles",
-    "tests/test_grading.py::test_hostile_submission[compile_opaque_op]",
-    "tests/test_bench_capstone.py::test_cpu_smoke_runs_every_part_and_records_what_cannot_run",
     "tests/test_notebooks.py::test_notebook_runs[10_ring]",
+    "tests/test_grading.py::test_hostile_submission[compile_opaque_op]",
+    "tests/test_step07_cuda.py::test_every_cu_file_compiles",
+    "tests/test_grading.py::test_batch_grades_everyone_despite_broken_submissions",
+    "tests/test_grading.py::test_wrong_submission_loses_exactly_its_points[step02-not-compiled]",
+    "tests/test_grading.py::test_wrong_submission_loses_exactly_its_points[step02-scale-twice]",
+    "tests/test_release.py::test_release_filled_with_solutions_passes_its_quick_check",
+    "tests/test_grading.py::test_hostile_submission[compile_decoy_inside]",
+    "tests/test_notebooks.py::test_notebook_runs[06_triton_bwd]",
+    "tests/test_grading.py::test_wrong_submission_loses_exactly_its_points[step02-causal-dropped]",
+    "tests/test_step04_flash_torch.py::test_compiled[100-100-True-cpu-float32]",
+    "tests/test_bench_capstone.py::test_cpu_smoke_runs_every_part_and_records_what_cannot_run",
 )
 
 
