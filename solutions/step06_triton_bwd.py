@@ -607,8 +607,14 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     lse = lse.reshape(B * H, nq).contiguous()     # the kernels index it as (B*H, nq), row stride nq: a row slice of a longer LSE (the ring passes lse[..., rows]) is a view with another stride
     delta = q.new_empty((B * H, nq), dtype=torch.float32)
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
-    dq = q.new_zeros(q.shape, dtype=torch.float32) if dq_mode == "atomic" else q.new_empty(q.shape)
-    dq4, dk4, dv4 = as_bhnd(dq), as_bhnd(dk), as_bhnd(dv)
+    if dq_mode == "atomic":
+        dq = q.new_zeros(q.shape, dtype=torch.float32)
+    elif not tma_dq:
+        dq = q.new_empty(q.shape)
+    else:
+        dq = None          # atomic_tma: the kernel adds into dq_acc (below) through a descriptor
+    dk4, dv4 = as_bhnd(dk), as_bhnd(dv)
+    dq4 = as_bhnd(dq) if dq is not None else q4       # atomic_tma: only dq4's strides are passed, and the kernel ignores them
     if tma_dq:
         # (B*H, Nq, BLOCK_D) fp32, zeroed: each key tile's program reduce-adds its (BLOCK_M, BLOCK_D)
         # share into it through a descriptor (box [1, BLOCK_M, BLOCK_D]: a tile never crosses a head).
