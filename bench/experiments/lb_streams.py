@@ -214,6 +214,46 @@ def main():
         run("step06 again", apply, every)
         return out
     harness()
+
+    @REC.part("4 CS336 harness, where the time goes")
+    def breakdown():
+        # Every CUDA kernel of 20 harness steps under torch.profiler (grads already there, as in do_bench's
+        # loop: each step's AccumulateGrad adds into them), summed by name: which part is step 06's kernels
+        # and which is the harness's own work (o.sum(), its expanded dO, the gradient accumulation).
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+        torch._dynamo.reset()
+        f = torch.compile(s6.FlashAttentionTriton.apply)
+        hq, hk, hv = torch.randn(3, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+        def step():
+            f(hq, hk, hv, True).sum().backward()
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        n = 20
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                step()
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / n
+        rows = []
+        for e in prof.key_averages():
+            if e.device_type != DeviceType.CUDA:
+                continue
+            us = getattr(e, "self_device_time_total", None)
+            us = us if us is not None else e.self_cuda_time_total
+            if us > 0:
+                rows.append((e.key[:90], e.count / n, us / n / 1e3))
+        rows.sort(key=lambda r: -r[2])
+        total = sum(r[2] for r in rows)
+        for name, calls, ms in rows[:15]:
+            log(f"  {ms:7.3f} ms  {calls:4.1f}/step  {name}")
+        log(f"  kernels {total:.3f} ms a step; wall {wall:.3f} ms a step under the profiler")
+        return {"kernels_ms": round(total, 4), "wall_ms_profiled": round(wall, 4),
+                "rows": [{"kernel": r[0], "calls_per_step": r[1], "ms_per_step": round(r[2], 4)} for r in rows[:30]]}
+    breakdown()
     REC.save()
     log(f"wrote {REC.json_path}")
 
