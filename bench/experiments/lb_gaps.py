@@ -28,7 +28,20 @@ copied trace (``--analyze DIR``).
     python bench/experiments/lb_gaps.py --out DIR          # an H200: about 2 minutes
     python bench/experiments/lb_gaps.py --analyze DIR      # any machine: the traces' summary again
 
-Answer: not yet run.
+Answer: the clocks. H200, 2026-12-02 01:55 UTC, torch 2.11.0+cu130, Triton 3.6.0, the working tree of 7453813
+(results/h200/triton/lb_gaps_1202/: lb_gaps.json, .log, smi.csv, three of the four traces). In CS336's harness
+the GPU draws 686-689 W, its limit (700 W), and lowers its SM clock to hold it: **step 06 runs at 1821 MHz on
+average (1575-1935), cuDNN at 1905-1910 MHz** (1980 when idle) -- 4.9% apart at the same power. So step 06's
+kernels run 5.0% longer in a sustained run than after a pause (4.819 -> 5.062 ms busy a step), cuDNN's 1.2%
+(4.402 -> 4.454); harness means 5.126 and 4.534 ms. In a sustained run no gap is the host's (0.0 us a step,
+other gaps 14.5 us: ten launch boundaries of ~1.5 us); after a pause the GPU waits 230 us a step for the host,
+170 us of it between ``o.sum()``'s backward and step 06's backward (the autograd engine and the compiled
+backward reaching the operator; cuDNN's eager call: 1.8 us), and the host issues a step in 1.572 ms against
+cuDNN's 0.950 (GPU: 5.174 / 4.554), so a single call, or a model whose steps are shorter than the host's,
+pays it. Per kernel after the pause: forward 1.215 ms against cuDNN's 1.212 (level); backward 2.186 (dK/dV)
++ 1.244 (dQ) + 0.041 (preprocess, dO copy) = 3.47 ms against cuDNN's 2.956 + 0.065 = 3.02. What is left to
+the 5.0 ms target is the backward's work, which the power limit charges twice: its 1.39x tensor work
+(triton_ncu.py: the dQ pass recomputes S and dP) takes time and, at 700 W, clock.
 """
 
 from __future__ import annotations

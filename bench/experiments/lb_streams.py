@@ -20,8 +20,14 @@ process.
     python bench/experiments/lb_streams.py --out DIR          # an H200: about 2 minutes
     python bench/experiments/lb_streams.py --smoke --out DIR  # a CPU (interpreter): the launch sequence only
 
-Answer: not yet run on a GPU (written 2026-12-02 without device time; the CPU smoke run checks that the launch
-sequence gives step 06's gradients).
+Answer: no, about 1% of the backward and nothing in the harness. H200, 2026-12-02 01:50 UTC (the working tree of
+2180ec1; results/h200/triton/lb_streams_1202.json, .log): 8/8 cases bitwise step 06's backward. The backward alone,
+three alternated rounds: step 06 3.746 / 3.817 / 3.797 ms, dK/dV first with dQ beside it 3.713 / 3.736 / 3.787
+(0.3-2.1% faster), dQ first 3.902-3.943 (slower). In CS336's harness: step 06 5.076 and 5.078 ms, two streams 5.065
+(dK/dV first) and 5.062 (dQ first); cuDNN 4.481. Part 4 (torch.profiler over 20 harness steps): kernels 4.806 ms a
+step -- dK/dV 2.194, dQ 1.234, forward 1.204, the harness's gradient accumulation 0.070 and stack of the three
+gradients 0.047 (``q, k, v = torch.randn(3, ...)`` unbinds one leaf), the dO copy 0.022, the preprocess 0.020,
+``o.sum()`` 0.013 -- against the harness's 5.08: ``lb_gaps.py`` asks where the rest goes (the clocks).
 """
 
 from __future__ import annotations
