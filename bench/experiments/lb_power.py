@@ -1,0 +1,196 @@
+"""Experiment: at the H200's power limit, do other tiles take step 06 closer to 5.0 ms in CS336's harness?
+
+Question. ``lb_gaps.py`` found CS336's harness power-bound: every run holds the H200 at ~690 W of its 700, and
+the GPU runs step 06's kernels at 1821 MHz on average against cuDNN's 1905-1910. Step 06's tables were chosen by
+``do_bench`` medians of 200-300 ms (``lb_5ms.py``), much of which runs before the power limit bites (the power
+ramps up over ~0.3 s). At the limit time follows energy: tiles that reload less (more keys per dK/dV program,
+more queries per dQ program) or do fewer programs' worth of setup could win there even if they lost in the short
+runs. Which tile sets are fastest in the harness itself, and at what clock?
+
+Method. Each variant is step 06 with ``step05.dense_fwd_config`` / ``step06.bwd_config`` replaced by the
+variant's tables (``torch._dynamo.reset()`` between), checked first at B=2 H=3 N=1000 D=64 bf16 causal against
+the float64 reference (its error within 1.5x the table's), then timed in CS336's harness
+(``torch.compile(FlashAttentionTriton.apply)``, ``q, k, v = torch.randn(3, 16, 16384, 64, bf16,
+requires_grad=True)``, ``o.sum().backward()``, the mean of ``do_bench(rep, warmup=500)``), alternated with the
+table (table, A, table, B, ...), cuDNN at the start and the end; ``nvidia-smi`` samples the SM clock and power
+every 100 ms and each row gets the mean over its timing window.
+
+    python bench/experiments/lb_power.py --out DIR          # an H200: about 4 minutes
+
+Answer: not yet run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.experiments import gpu_run  # noqa: E402
+
+REC = gpu_run.Record("lb_power")
+log = REC.log
+
+HF = dict(HEADS_FIRST=True)
+
+
+def variants(fwd_table: dict, bwd_table: dict) -> dict:
+    """name -> (forward config or None for the table's, backward config or None)."""
+    kv, dq = dict(bwd_table["dkdv"]), dict(bwd_table["dq"])
+
+    def bwd(dkdv=None, dq_=None):
+        c = {k: v for k, v in bwd_table.items() if k != "fused"}
+        return dict(c, dkdv=dict(kv, **(dkdv or {})), dq=dict(dq, **(dq_ or {})), dq_mode="separate")
+    return {
+        "dkdv 32x128 w8 s4 r128": (None, bwd(dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4, maxnreg=128))),
+        "dkdv 64x128 w8 s3 r128": (None, bwd(dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3, maxnreg=128))),
+        "dkdv 64x64 w4 s3 r128": (None, bwd(dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, maxnreg=128))),
+        "dq 128x128 w8 s2": (None, bwd(dq_=dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2))),
+        "dq 64x64 w4 s3": (None, bwd(dq_=dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3))),
+        "fwd 128x128 w8 s3": (dict(fwd_table, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3), None),
+        "fwd 128x64 w4 s3": (dict(fwd_table, num_warps=4), None),
+    }
+
+
+def smi_means(path: Path, t0: datetime, t1: datetime) -> dict:
+    """Mean SM clock (MHz) and power (W) of nvidia-smi's samples between t0 and t1."""
+    clk, pw = [], []
+    with open(path) as fh:
+        for r in list(csv.reader(fh))[1:]:
+            try:
+                t = datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f")
+            except ValueError:
+                continue
+            if t0 <= t <= t1:
+                clk.append(int(r[1].split()[0]))
+                pw.append(float(r[3].split()[0]))
+    if not clk:
+        return {}
+    return {"sm_mhz": round(sum(clk) / len(clk)), "watts": round(sum(pw) / len(pw)), "samples": len(clk)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--harness-rep-ms", type=int, default=3000)
+    ap.add_argument("--budget-s", type=float, default=270, help="start no new variant after this many seconds")
+    args = ap.parse_args()
+    REC.open(args.out, ROOT)
+    t_start = time.time()
+
+    import torch
+    import torch.nn.functional as F
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attnlib.loader import load_step
+    from attnlib.reference import reference_attention, reference_backward
+
+    s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
+    R = REC.result
+    R["gpu"] = torch.cuda.get_device_name()
+    smi_path = args.out / "smi.csv"
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu",
+                            "--format=csv", "-lms", "100"], stdout=open(smi_path, "w"), stderr=subprocess.DEVNULL)
+    B, N, D = 16, 16384, 64
+    fwd_table = s5.dense_fwd_config(N, N, D, torch.bfloat16, True, "cuda", B)
+    bwd_table = s6.bwd_config(N, N, D, torch.bfloat16, True, "cuda", B)
+    R["fwd_table"], R["bwd_table"] = fwd_table, {k: v for k, v in bwd_table.items() if k != "fused"}
+    V = variants(fwd_table, bwd_table)
+
+    @REC.part("1 correctness")
+    def correctness():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        cq, ck, cv, cdo = (torch.randn(2, 3, 1000, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+                           for _ in range(4))
+        ref_o = reference_attention(cq, ck, cv, True)[0]
+        ref_g = reference_backward(cq, ck, cv, cdo, True)
+        sc = 64 ** -0.5
+
+        def err(fc, bc):
+            o, lse = s5.forward(cq, ck, cv, True, sc, config=fc) if fc else s5.forward(cq, ck, cv, True, sc)
+            gr = s6.backward(cq, ck, cv, o, lse, cdo, True, sc, config=bc) if bc else \
+                s6.backward(cq, ck, cv, o, lse, cdo, True, sc)
+            return max([float((o.double() - ref_o).abs().max())]
+                       + [float((a.double() - b).abs().max()) for a, b in zip(gr, ref_g)])
+        base = err(None, None)
+        out = {"table": base}
+        log(f"  table: max error {base:.2e}")
+        for name, (fc, bc) in list(V.items()):
+            try:
+                e = err(fc, bc)
+                out[name] = e
+                ok = e <= 1.5 * base + 1e-3
+                log(f"  {name:<28} max error {e:.2e} {'ok' if ok else 'BAD: dropped'}")
+            except Exception as ex:  # noqa: BLE001
+                ok = False
+                log(f"  {name:<28} ERROR {type(ex).__name__}: {str(ex)[:200]}: dropped")
+            if not ok:
+                V.pop(name)
+        return {"errors": out}
+    correctness()
+
+    hq, hk, hv = torch.randn(3, B, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    orig_f, orig_b = s5.dense_fwd_config, s6.bwd_config
+    every = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    rows = []
+
+    def sdpa(q, k, v, is_causal):
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=is_causal)[0]
+
+    def harness(name, fc=None, bc=None, cudnn=False):
+        torch._dynamo.reset()
+        s5.dense_fwd_config = (lambda *a, **kw: dict(fc)) if fc else orig_f
+        s6.bwd_config = (lambda *a, **kw: dict(bc)) if bc else orig_b
+        f = sdpa if cudnn else torch.compile(s6.FlashAttentionTriton.apply)
+
+        def step():
+            f(hq, hk, hv, True).sum().backward()
+        try:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION] if cudnn else every):
+                for _ in range(2):
+                    step()
+                torch.cuda.synchronize()
+                t0 = datetime.now()
+                ms = round(float(triton.testing.do_bench(step, rep=args.harness_rep_ms, warmup=500)), 4)
+                t1 = datetime.now()
+            row = {"name": name, "ms": ms, **smi_means(smi_path, t0, t1)}
+        except Exception as e:  # noqa: BLE001
+            row = {"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        finally:
+            s5.dense_fwd_config, s6.bwd_config = orig_f, orig_b
+        rows.append(row)
+        log(f"  {name:<28} {row.get('ms', row.get('error'))}  {row.get('sm_mhz', '?')} MHz {row.get('watts', '?')} W  "
+            f"[t={time.time() - t_start:.0f}s]")
+        R["rows"] = rows
+        REC.save()
+
+    @REC.part("2 CS336 harness, alternated with the table")
+    def timing():
+        harness("sdpa_cudnn", cudnn=True)
+        harness("table")
+        for name, (fc, bc) in V.items():
+            if time.time() - t_start > args.budget_s:
+                log(f"  budget reached: {name} and after not timed")
+                break
+            harness(name, fc, bc)
+            harness("table")
+        harness("sdpa_cudnn again", cudnn=True)
+        tables = [r["ms"] for r in rows if r["name"] == "table" and "ms" in r]
+        return {"table_ms": tables}
+    timing()
+    smi.terminate()
+    REC.save()
+    log(f"wrote {REC.json_path}")
+
+
+if __name__ == "__main__":
+    main()
