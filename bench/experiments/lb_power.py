@@ -17,7 +17,14 @@ every 100 ms and each row gets the mean over its timing window.
 
     python bench/experiments/lb_power.py --out DIR          # an H200: about 4 minutes
 
-Answer: not yet run.
+Answer: no; the table stays. H200, 2026-12-02 ~02:08 UTC, the working tree of 25a1e97
+(results/h200/triton/lb_power_1202.json, .log, _smi.csv): every variant right (max error 1.44e-02, the table's).
+The table read 5.118-5.146 ms in its eight alternated runs (cuDNN 4.518 / 4.527); every variant slower: dK/dV
+32x128 w8 s4 r128 (two programs an SM, the table before 12-01) 5.156 -- the nearest, at a higher clock (1878 MHz
+against the table's 1826-1836) that does not make up for its time -- fwd 128x64 w4 5.239, dQ 64x64 w4 5.259,
+fwd 128x128 5.348, dQ 128x128 w8 s2 5.589, dK/dV 64x128 w8 r128 5.982, dK/dV 64x64 w4 r128 7.578. (The power
+column is each do_bench call's window, warm-up included: 603-640 W; the clocks are the point.) The short-run
+tables hold at the power limit: the last 3% to 5.0 ms is not in a tile.
 """
 
 from __future__ import annotations
