@@ -654,10 +654,14 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
             *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(), *dq4.stride(),
             H, nq, nk, scale, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, DOT_PRECISION=prec, **tiles(c))
+    # The atomic modes' fp32 sums, scaled and cast in one pass: torch.mul into a 16-bit out= computes in
+    # fp32 and writes the cast result (on a GPU one kernel: 6 bytes an element, where (dq * scale).to(...)
+    # reads and writes an fp32 copy first, 14).
     if dq_mode == "atomic":
-        dq = (dq * scale).to(q.dtype)
+        dq = torch.mul(dq, scale, out=q.new_empty(q.shape))
     if tma_dq:
-        dq = (dq_acc.view(B, H, nq, bd)[..., :d] * scale).to(q.dtype).reshape(q.shape)
+        dq = q.new_empty(q.shape)
+        torch.mul(dq_acc.view(B, H, nq, bd)[..., :d], scale, out=as_bhnd(dq))
     return dq, dk, dv
 
 
