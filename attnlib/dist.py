@@ -27,13 +27,18 @@ import torch
 import torch.multiprocessing as mp
 
 
-PRELOAD = ["torch", "torch.distributed", "attnlib.ringcheck"]
+# torch._dynamo too: the first autograd.Function call in a process imports it (torch._compile's
+# lazy disable), 1.5-2 s of CPU; preloaded, every rank of every (re)start is forked with it. A group
+# restarts after each failed job, so a stub's ring (every input fails) paid it on both ranks for every
+# input: step 10's stub took 16-21 s to grade, mostly this. (It imports triton; TRITON_INTERPRET is
+# still read later, where a kernel is defined, so the ranks' own setting of it below still holds.)
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "attnlib.ringcheck"]
 # What the grader's worker preloads: not attnlib. Python 3.11's forkserver imports its preloads with
 # the interpreter's default sys.path, not the parent's (3.12 passes it), so a worker started as
 # `python -I` with its private copy of attnlib first on sys.path would give its ranks whichever
 # attnlib the environment finds (an editable install: the grader's own, writable). The ranks then
 # import attnlib after the fork, once the parent's sys.path is theirs.
-PRELOAD_TORCH_ONLY = ["torch", "torch.distributed"]
+PRELOAD_TORCH_ONLY = ["torch", "torch.distributed", "torch._dynamo"]
 
 
 class RankError(AssertionError):

@@ -92,8 +92,8 @@ HOSTILE = {
     "forged_compile": ([2], {2: (0.0, "rule broken")}, ["but Inductor generated no code"], {"private_cache": True}),
     # Attention in a custom op inside the compiled graph (Inductor calls it as an extern kernel), warmed up at
     # import, a fresh one-line graph compiled in each call: its ops run under "## Call CompiledFxGraph ##".
-    # (Caught in the grader's calls that recompile before the opaque-op check; in steady state only since it:
-    # test_compiled_rule_sees_attention_in_an_opaque_op_in_steady_state.)
+    # (Caught by the opaque-op check alone, recompiling calls included: with it switched off, 6/6 passed,
+    # 2026-12-02; the rule's own look in steady state: test_compiled_rule_sees_attention_in_an_opaque_op_in_steady_state.)
     "compile_opaque_op": ([2], {2: (0.0, "rule broken")}, ["but the attention itself ran eagerly"], {}),
     # Issue 14, hole 3 (rest): a decoy compiled inside attention on every call, attention run eagerly (6/6 when
     # the rule counted only the graphs compiled during the calls): the profiler sees score-sized ops outside

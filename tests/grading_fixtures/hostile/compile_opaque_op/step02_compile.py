@@ -5,7 +5,8 @@
 that Inductor cannot look into and calls as an extern kernel, and whose body is eager PyTorch. Nothing is
 fused or generated: the attention runs eagerly inside the compiled region (grading/README.md listed this
 as "not tried" until 2026-12-01). It is warmed up at import, and each call compiles a fresh one-line graph
-so that Dynamo compiles something during every graded call.
+so that Dynamo compiles something during every graded call (the same line every time: Dynamo traces each
+new function, and Inductor serves its code from its cache after the first).
 
 Expect: the rule "compiled" is broken (the ops the size of the score matrix ran in an opaque operator,
 not in code Inductor generated) and the step scores 0.
@@ -53,22 +54,27 @@ _compiled = torch.compile(lambda q, k, v, is_causal, scale: torch.ops.hostile.at
                           dynamic=True)
 
 
-# Warmed up at import, causal and not, so that every graded call finds the compiled graph ready and runs
-# in its steady state (the ops inside hostile::attn then sit under "## Call CompiledFxGraph ##").
+# Warmed up at import, causal and not, Nq < Nk and Nq = Nk, so that the graded calls find the compiled graph
+# ready and run in its steady state (the ops inside hostile::attn then sit under "## Call CompiledFxGraph ##").
+# The forward alone, on inputs that do not require grad: as tests/grading_fixtures/config.toml grades
+# step 02 (no backward group), which is the only config this fixture is graded with. (A warm-up with a
+# backward compiled graphs no graded call used, 20 s of the 45 s its grading took on 2 CPU cores; each
+# graded call recompiled for requires_grad anyway. A new scale still recompiles once per causal flag:
+# Dynamo specializes floats. Every call is caught by the opaque-op check alone: with it off, 6/6.)
 for _c in (False, True):
-    for _n in (5, 9):
-        _x = torch.randn(1, 2, _n, 8, requires_grad=True)
-        _compiled(_x, _x, _x, _c, 0.5).sum().backward()
+    for _nq, _nk in ((5, 9), (5, 5)):
+        _compiled(torch.randn(1, 2, _nq, 8), torch.randn(1, 2, _nk, 8), torch.randn(1, 2, _nk, 8), _c, 0.5)
 
 _decoys = 0
 
 
 def _fresh_graph(x):
-    """A graph Dynamo has never seen, compiled during the call: its code object is new each time."""
+    """A graph Dynamo has never seen, compiled during the call: its code object is new each time (its
+    body the same, so Inductor's cache has the code: a few ms a call, not the second a fresh kernel costs)."""
     global _decoys
     _decoys += 1
     scope = {}
-    exec(f"def decoy_{_decoys}(x):\n    return x * {_decoys} + 1\n", scope)
+    exec(f"def decoy_{_decoys}(x):\n    return x * 2 + 1\n", scope)
     return torch.compile(scope[f"decoy_{_decoys}"])(x)
 
 
