@@ -27,18 +27,32 @@ import torch
 import torch.multiprocessing as mp
 
 
-# torch._dynamo too: the first autograd.Function call in a process imports it (torch._compile's
-# lazy disable), 1.5-2 s of CPU; preloaded, every rank of every (re)start is forked with it. A group
-# restarts after each failed job, so a stub's ring (every input fails) paid it on both ranks for every
-# input: step 10's stub took 16-21 s to grade, mostly this. (It imports triton; TRITON_INTERPRET is
-# still read later, where a kernel is defined, so the ranks' own setting of it below still holds.)
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "attnlib.ringcheck"]
+# torch._dynamo too, where it is safe: the first autograd.Function call in a process imports it
+# (torch._compile's lazy disable), 1.5-2 s of CPU; preloaded, every rank of every (re)start is forked
+# with it. A group restarts after each failed job, so a stub's ring (every input fails) paid it on both
+# ranks for every input: step 10's stub took 16-21 s to grade on a CPU, mostly this. But it imports
+# triton, and triton.language's own @jit helpers (tl.zeros, ...) are compiled or interpreted as
+# TRITON_INTERPRET says when triton is imported: preloaded where the ranks turn the interpreter on
+# themselves (a GPU machine, gloo ranks holding CPU tensors), every interpreted kernel fails with
+# "Cannot call @triton.jit'd outside of the scope of a kernel" (the H200's gpu-check at c3669d0,
+# tests/test_step10_ring.py::test_ring_through_the_triton_kernels). So only where TRITON_INTERPRET=1
+# is already in the environment the forkserver inherits (a CPU machine under conftest.py or the grader).
+DYNAMO = "torch._dynamo"
+PRELOAD = ["torch", "torch.distributed", DYNAMO, "attnlib.ringcheck"]
 # What the grader's worker preloads: not attnlib. Python 3.11's forkserver imports its preloads with
 # the interpreter's default sys.path, not the parent's (3.12 passes it), so a worker started as
 # `python -I` with its private copy of attnlib first on sys.path would give its ranks whichever
 # attnlib the environment finds (an editable install: the grader's own, writable). The ranks then
 # import attnlib after the fork, once the parent's sys.path is theirs.
-PRELOAD_TORCH_ONLY = ["torch", "torch.distributed", "torch._dynamo"]
+PRELOAD_TORCH_ONLY = ["torch", "torch.distributed", DYNAMO]
+
+
+def forkserver_preload(modules, environ=os.environ):
+    """``modules`` less torch._dynamo (which imports triton) unless TRITON_INTERPRET=1 is already set for the
+    forkserver to inherit: triton must not be imported before a rank decides on the interpreter."""
+    if environ.get("TRITON_INTERPRET") == "1":
+        return list(modules)
+    return [m for m in modules if m != DYNAMO]
 
 
 class RankError(AssertionError):
@@ -109,7 +123,7 @@ class RankGroup:
         # (re)start costs a fork, not W imports of torch (spawn: 19 s for 4 ranks on 2 busy cores).
         # Not fork: the parent may already run OpenMP threads, which a fork does not survive.
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(self.preload)
+        ctx.set_forkserver_preload(forkserver_preload(self.preload))
         self._tmp = tempfile.TemporaryDirectory(prefix="attn_dist_")
         store = os.path.join(self._tmp.name, "store")
         self._results = ctx.Queue()

@@ -220,3 +220,14 @@ def test_a_rank_stuck_in_a_receive_is_named_and_the_group_restarts():
         assert "rank 0:" in report and "rank 1:" not in report and "no rank sent" in report, report
         assert g.run(trace_job, False), "the group must start again after a failure"
         assert g.starts == 2
+
+
+def test_forkserver_preloads_triton_only_where_the_interpreter_is_already_chosen():
+    """torch._dynamo imports triton, and triton.language's @jit helpers are compiled or interpreted as
+    TRITON_INTERPRET says at import: preloaded where the ranks turn the interpreter on themselves (a GPU
+    machine), every interpreted kernel in a rank failed (the H200 at c3669d0)."""
+    from attnlib.dist import DYNAMO, PRELOAD, PRELOAD_TORCH_ONLY, forkserver_preload
+    for mods in (PRELOAD, PRELOAD_TORCH_ONLY):
+        assert DYNAMO not in forkserver_preload(mods, {}), "triton preloaded before the ranks choose the interpreter"
+        assert DYNAMO not in forkserver_preload(mods, {"TRITON_INTERPRET": "0"})
+        assert forkserver_preload(mods, {"TRITON_INTERPRET": "1"}) == list(mods)
