@@ -123,6 +123,11 @@ class RankGroup:
         # (re)start costs a fork, not W imports of torch (spawn: 19 s for 4 ranks on 2 busy cores).
         # Not fork: the parent may already run OpenMP threads, which a fork does not survive.
         ctx = mp.get_context("forkserver")
+        if not torch.cuda.is_available():
+            # No GPU: every rank interprets Triton anyway (_worker). Saying so in the environment the
+            # forkserver inherits lets it preload torch._dynamo (forkserver_preload): the grader's
+            # worker, started with a clean environment, then grades step 10's stub in 9 s, not 18.
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         ctx.set_forkserver_preload(forkserver_preload(self.preload))
         self._tmp = tempfile.TemporaryDirectory(prefix="attn_dist_")
         store = os.path.join(self._tmp.name, "store")
