@@ -81,9 +81,8 @@ def analyze(trace: dict, step_prefix: str = "harness_step") -> dict:
     ended after the previous kernel ended: the GPU had nothing to run) and the rest. Steps are the
     ``record_function(step_prefix + i)`` ranges; a kernel belongs to the step whose range holds its launch."""
     ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    steps = sorted((e for e in ev if e.get("cat") in ("user_annotation", "cpu_instant_event", "python_function")
+    steps = sorted((e for e in ev if e.get("cat") == "user_annotation"         # record_function's CPU range
                     and str(e.get("name", "")).startswith(step_prefix)), key=lambda e: e["ts"])
-    steps = [s for s in steps if s.get("cat") == "user_annotation"] or steps
     launches = {e["args"]["correlation"]: e for e in ev if e.get("cat") in LAUNCH_CATS
                 and "correlation" in e.get("args", {})}
     kernels = sorted((e for e in ev if e.get("cat") in KERNEL_CATS), key=lambda e: e["ts"])
