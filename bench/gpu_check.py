@@ -10,9 +10,10 @@ time (the course's H200 lends 10 minutes a command) runs them as separate calls:
          ``o.sum().backward()``, ``triton.testing.do_bench(rep=10000, warmup=1000)``, its mean;
          step 06, SDPA's FLASH backend and cuDNN's, in the same run; then the same shape in the
          course's harness (``python -m bench leaderboard``: a random dO, the median);
-  tests  the whole test suite against solutions/, in parallel (pytest-xdist, one file per worker:
-         the grader's tests share one session fixture that grades every planted submission), the
-         compiled-model tests counted apart;
+  tests  the whole test suite against solutions/, in parallel (pytest-xdist: the grader's tests in a run
+         of their own, since they share one session fixture that grades every planted submission; every
+         other test spread one by one, but for the few files with a costly module fixture, which run
+         beside them one file a worker), the compiled-model tests counted apart;
   grade  the grader on solutions/ (full marks expected) and on the stubs (0 expected). With the tests'
          grading run in the same call, read from that run's two whole-class grades
          (tests/test_grading.py: solutions/ with the hidden fixtures, the committed steps/; the tests hand
@@ -199,65 +200,101 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 TEST_RUNS = ("suite", "grading", "notebooks")
-# Workers a run gets, in proportion, among the runs asked for (all three: 8 / 5 / 3 of 16).
-_RUN_WEIGHT = {"suite": 7, "grading": 6, "notebooks": 3}
+# Test files with a costly module fixture (step 10's gloo process groups, the nvcc builds of the CUDA
+# experiments): the suite runs them in a pytest of their own, one file a worker, so each is built once,
+# and spreads every other test one by one. (pytest-xdist's `--dist loadgroup` would keep them together
+# in one run, but under pytest 9.2 it silently stops grouping: pytest-dev/pytest-xdist#1386.)
+# tests/test_gpu_check_merge.py checks that every test file with a module fixture is named here.
+ONE_WORKER_FILES = ("tests/test_step10_ring.py", "tests/test_experiment_cuda_bwd_wgmma.py",
+                    "tests/test_experiment_cuda_v5.py", "tests/test_experiment_cuda_v6.py")
+# Workers a run gets, in proportion, among the runs asked for (all three: 9 / 5 / 2 of 16). At 3133c1d
+# on the H200 the runs' tests added up to 2228 s (suite), 1396 (grading; its longest test 263) and 537
+# (notebooks) of worker time: 9 (7 + 2) / 5 / 2 workers give each about 300, 280 and 270 s.
+_RUN_WEIGHT = {"suite": 9, "grading": 5, "notebooks": 2}
 
 
 def run_tests(out: Path, workers: int, budget_s: float, env: dict, which=TEST_RUNS) -> dict:
     """Up to three pytest runs side by side: tests/test_grading.py with its tests spread one by one
-    (each grades its own planted submission), tests/test_notebooks.py one notebook a worker, every
-    other file one file a worker (their module fixtures, the process groups of step 10, are built once).
+    (each grades its own planted submission), tests/test_notebooks.py one notebook a worker, and the
+    suite: every other test spread one by one (worksteal, as `make test`), in two pytest processes, the
+    second for ``ONE_WORKER_FILES``, one file a worker, so their module fixtures are built once.
 
-    Returns ``{"runs": {name: counts}}``, one entry per run asked for (``total_of`` adds them up).
+    Returns ``{"runs": {name: counts}}``, one entry per run asked for (``total_of`` adds them up; the
+    suite's two processes are one run).
     """
     which = [w for w in TEST_RUNS if w in which]
     weight = sum(_RUN_WEIGHT[w] for w in which)
     share = {w: max(2, round(workers * _RUN_WEIGHT[w] / weight)) for w in which}
-    runs = {"suite": ["--ignore", "tests/test_grading.py", "--ignore", "tests/test_notebooks.py",
-                      "-n", str(share.get("suite", 2)), "--dist", "loadfile"],
+    n_suite = share.get("suite", 4)
+    n_files = min(2, len(ONE_WORKER_FILES))
+    # name -> the pytest processes of that run: (log/junit stem, pytest arguments)
+    runs = {"suite": [
+                # worksteal, not loadfile (one file a worker, before 12-02): at 3133c1d step 06's file alone
+                # (337 s of worker time) was the suite's whole length (365 s), where its 2228 s over 11
+                # workers needed ~200; worksteal: an idle worker takes queued tests over
+                ("suite", ["--ignore", "tests/test_grading.py", "--ignore", "tests/test_notebooks.py",
+                           *[a for f in ONE_WORKER_FILES for a in ("--ignore", f)],
+                           "-n", str(max(2, n_suite - n_files)), "--dist", "worksteal"]),
+                ("suite_files", [*ONE_WORKER_FILES, "-n", str(n_files), "--dist", "loadfile"])],
             # worksteal (as `make test`): at 68c429b, under `load`, the worker busy with the full-marks test
             # (332 s) held the two tests queued behind it after the other workers had finished theirs, and
             # the last was cut by the budget; under worksteal an idle worker takes queued tests over
-            "grading": ["tests/test_grading.py", "-n", str(share.get("grading", 2)), "--dist", "worksteal"],
+            "grading": [("grading", ["tests/test_grading.py", "-n", str(share.get("grading", 2)), "--dist", "worksteal"])],
             # every notebook executed as Jupyter would, on the GPU: one a worker (one file, so not loadfile)
-            "notebooks": ["tests/test_notebooks.py", "-n", str(share.get("notebooks", 2)), "--dist", "load"]}
-    procs = {}
+            "notebooks": [("notebooks", ["tests/test_notebooks.py", "-n", str(share.get("notebooks", 2)), "--dist", "load"])]}
+    procs = []
     for name in which:
-        extra = runs[name]
-        junit = out / f"pytest_{name}.xml"
-        junit.unlink(missing_ok=True)
-        log(f"tests ({name}): pytest {' '.join(extra)}, at most {budget_s:.0f} s")
-        f = open(out / f"pytest_{name}.log", "w")
-        # -v: a run stopped at its budget still says which tests ended; --timeout (pytest-timeout,
-        # where installed): a test that hangs fails with its stack instead of stopping the run.
-        timeout = ["--timeout", "300"] if importlib.util.find_spec("pytest_timeout") else []
-        procs[name] = (subprocess.Popen([PY, "-m", "pytest", "--impl", "solutions", "-v", "-rfE", "-p", "no:cacheprovider",
-                                         "--durations=25", *timeout, f"--junitxml={junit}", *extra],
-                                        cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                        # the notebooks as executed on this GPU, kept (issue 13: notebooks/executed/)
-                                        env=dict(env, ATTN_EXECUTED_DIR=str(out / "executed")) if name == "notebooks" else env,
-                                        start_new_session=True), f, junit)
+        for stem, extra in runs[name]:
+            junit = out / f"pytest_{stem}.xml"
+            junit.unlink(missing_ok=True)
+            log(f"tests ({stem}): pytest {' '.join(extra)}, at most {budget_s:.0f} s")
+            f = open(out / f"pytest_{stem}.log", "w")
+            # -v: a run stopped at its budget still says which tests ended; --timeout (pytest-timeout,
+            # where installed): a test that hangs fails with its stack instead of stopping the run.
+            timeout = ["--timeout", "300"] if importlib.util.find_spec("pytest_timeout") else []
+            proc = subprocess.Popen([PY, "-m", "pytest", "--impl", "solutions", "-v", "-rfE", "-p", "no:cacheprovider",
+                                     "--durations=25", *timeout, f"--junitxml={junit}", *extra],
+                                    cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                    # the notebooks as executed on this GPU, kept (issue 13: notebooks/executed/)
+                                    env=dict(env, ATTN_EXECUTED_DIR=str(out / "executed")) if name == "notebooks" else env,
+                                    start_new_session=True)
+            procs.append((name, stem, proc, f, junit))
     t0 = time.monotonic()
     res = {"runs": {}}
-    for name, (proc, f, junit) in procs.items():
+    for name, stem, proc, f, junit in procs:
         r = {"passed": None, "failed": None, "errors": None, "skipped": None, "not_passing": [],
              "compiled_model": {"tests": 0, "passed": 0}, "interrupted": False}
         try:
             proc.wait(timeout=max(5.0, budget_s - (time.monotonic() - t0)))
         except subprocess.TimeoutExpired:
             stop(proc)
-            log(f"tests ({name}): out of time, interrupted (the counts are of the tests that ended)")
+            log(f"tests ({stem}): out of time, interrupted (the counts are of the tests that ended)")
             r["interrupted"] = True
         f.close()
-        lines = [ln for ln in (out / f"pytest_{name}.log").read_text().strip().splitlines() if ln.startswith("=")]
+        lines = [ln for ln in (out / f"pytest_{stem}.log").read_text().strip().splitlines() if ln.startswith("=")]
         r["last_line"] = lines[-1] if lines else ""
-        log(f"pytest ({name}): {r['last_line']}")
+        log(f"pytest ({stem}): {r['last_line']}")
         if not junit.exists():
-            r["error"] = f"no junit file from the {name} run."
+            r["error"] = f"no junit file from the {stem} run."
         else:
             r.update(junit_counts(junit))
-        res["runs"][name] = r
+        res["runs"][name] = _add_counts(res["runs"][name], r) if name in res["runs"] else r
     return res
+
+
+def _add_counts(a: dict, b: dict) -> dict:
+    """One run's counts from its two pytest processes' (the suite's): sums, the last lines joined."""
+    out = dict(a)
+    for key in ("passed", "failed", "errors", "skipped"):
+        out[key] = None if a.get(key) is None or b.get(key) is None else a[key] + b[key]
+    out["not_passing"] = (a.get("not_passing") or []) + (b.get("not_passing") or [])
+    out["compiled_model"] = {k: a.get("compiled_model", {}).get(k, 0) + b.get("compiled_model", {}).get(k, 0)
+                             for k in ("tests", "passed")}
+    out["interrupted"] = bool(a.get("interrupted") or b.get("interrupted"))
+    out["last_line"] = " | ".join(x for x in (a.get("last_line"), b.get("last_line")) if x)
+    if a.get("error") or b.get("error"):
+        out["error"] = " ".join(x for x in (a.get("error"), b.get("error")) if x)
+    return out
 
 
 def total_of(runs: dict) -> dict:

@@ -120,3 +120,55 @@ def test_make_splits_the_check_in_two_commands():
     second = dry("PARTS=tests,grade", "RUNS=grading", "MERGE=results/h200/gpu-check/summary.json").split()
     assert second[-6:] == ["--parts", "tests,grade", "--tests-runs", "grading",
                            "--merge-from", "results/h200/gpu-check/summary.json"]
+
+
+def test_every_test_file_with_a_module_fixture_runs_on_one_worker():
+    """gpu-check spreads the suite's tests one by one, but for ONE_WORKER_FILES: a module fixture in any
+    other file would be built once per worker that runs its tests (a file of nvcc builds: once for each
+    of seven workers). The grading and notebook tests are runs of their own."""
+    import re
+    from pathlib import Path
+
+    from bench.gpu_check import ONE_WORKER_FILES
+    repo = Path(__file__).resolve().parent.parent
+    scoped = re.compile(r"""scope\s*=\s*["'](module|session|package)["']""")
+    have = {f"tests/{p.name}" for p in (repo / "tests").glob("test_*.py") if scoped.search(p.read_text())}
+    apart = {"tests/test_grading.py", "tests/test_notebooks.py"}
+    assert have - apart <= set(ONE_WORKER_FILES), (
+        f"{sorted(have - apart - set(ONE_WORKER_FILES))} build a module fixture: add them to "
+        f"bench/gpu_check.py's ONE_WORKER_FILES")
+    assert all((repo / f).exists() for f in ONE_WORKER_FILES), "ONE_WORKER_FILES names a file that is gone"
+
+
+def test_the_suite_is_two_pytest_processes_counted_as_one_run(tmp_path, monkeypatch):
+    """run_tests launches the suite as two pytests (ONE_WORKER_FILES apart, one file a worker; the rest
+    spread test by test, without those files) and adds their junit counts into one 'suite' run."""
+    import subprocess
+
+    from bench import gpu_check
+    launched = []
+
+    class FakePytest:
+        def __init__(self, cmd, **kw):
+            launched.append(cmd)
+            junit = next(a.split("=", 1)[1] for a in cmd if a.startswith("--junitxml="))
+            failed = '<failure message="x"/>' if "suite_files" in junit else ""
+            with open(junit, "w") as f:
+                f.write(f'<testsuites><testsuite><testcase classname="t" name="a"/>'
+                        f'<testcase classname="t" name="b">{failed}</testcase></testsuite></testsuites>')
+            kw["stdout"].write("==== 1 passed ====\n")
+            kw["stdout"].flush()
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakePytest)
+    res = gpu_check.run_tests(tmp_path, 16, 60, {}, ["suite"])
+    assert list(res["runs"]) == ["suite"] and len(launched) == 2
+    main, files = launched
+    assert files[files.index("--dist") + 1] == "loadfile" and set(gpu_check.ONE_WORKER_FILES) <= set(files)
+    assert main[main.index("--dist") + 1] == "worksteal"
+    ignored = {main[i + 1] for i, a in enumerate(main) if a == "--ignore"}
+    assert set(gpu_check.ONE_WORKER_FILES) | {"tests/test_grading.py", "tests/test_notebooks.py"} <= ignored
+    suite = res["runs"]["suite"]
+    assert (suite["passed"], suite["failed"]) == (3, 1) and suite["not_passing"] == ["t::b"]
