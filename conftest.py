@@ -54,6 +54,22 @@ def pytest_configure(config):
     torch.backends.cudnn.allow_tf32 = False
 
 
+@pytest.fixture(autouse=True)
+def _fp32_stays_fp32():
+    """A test that turns TF32 on and leaves it on fails, and the setting is put back: every later float32
+    test in the same worker would otherwise compare TF32 products against the fp32 bound (on a GPU), a
+    failure far from its cause and dependent on which worker ran what."""
+    yield
+    flags = {"torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+             "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    left_on = [name for name, on in flags.items() if on]
+    if left_on:
+        pytest.fail(f"this test left {', '.join(left_on)} = True (conftest.py sets them False for the whole "
+                    f"run): restore the setting where it is changed (try/finally)", pytrace=False)
+
+
 def pytest_report_header(config):
     from attnlib.loader import impl_root
     try:

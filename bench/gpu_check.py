@@ -21,7 +21,13 @@ time (the course's H200 lends 10 minutes a command) runs them as separate calls:
          with --separate-grades, the grader on solutions/ and on pristine stubs generated from solutions/
          into a scratch folder, the two side by side.
 
-On the course's lent H200 (10 minutes a command) the whole check stopped fitting one command at 78da36d:
+One command fits the course's lent H200 (10 minutes a command) again since ab83369, where the three
+parts took 455 s with setup (lb 67 s, tests 356: the suite spread test by test, not one file a worker).
+Bring its --out folder back as one archive (the device returns only a few files):
+
+    GPU_CHECK_COMMIT=<sha> python -m bench.gpu_check --out /tmp/gc --tests-budget-s 440; tar czf $OUT/gc.tgz -C /tmp gc
+
+Before that, the whole check stopped fitting one command at 78da36d:
 the grader's tests ran past their 440 s with three left (the full-marks test alone took 391 s beside
 the grade part's own two whole-class runs). The grade part now reads those from the grading tests instead
 (above), which takes two of the four whole-class runs off the machine; where it still does not fit, two
@@ -209,7 +215,8 @@ ONE_WORKER_FILES = ("tests/test_step10_ring.py", "tests/test_experiment_cuda_bwd
                     "tests/test_experiment_cuda_v5.py", "tests/test_experiment_cuda_v6.py")
 # Workers a run gets, in proportion, among the runs asked for (all three: 9 / 5 / 2 of 16). At 3133c1d
 # on the H200 the runs' tests added up to 2228 s (suite), 1396 (grading; its longest test 263) and 537
-# (notebooks) of worker time: 9 (7 + 2) / 5 / 2 workers give each about 300, 280 and 270 s.
+# (notebooks) of worker time: 9 (8 + 1) / 5 / 2 workers give each about 280, 280 and 270 s. At ab83369
+# (7 + 2 / 5 / 2, one command): 350, 79, 321 and 233 s.
 _RUN_WEIGHT = {"suite": 9, "grading": 5, "notebooks": 2}
 
 
@@ -226,7 +233,8 @@ def run_tests(out: Path, workers: int, budget_s: float, env: dict, which=TEST_RU
     weight = sum(_RUN_WEIGHT[w] for w in which)
     share = {w: max(2, round(workers * _RUN_WEIGHT[w] / weight)) for w in which}
     n_suite = share.get("suite", 4)
-    n_files = min(2, len(ONE_WORKER_FILES))
+    # one worker: at ab83369 these files took 79 s on two while the rest of the suite ran 350 s on seven
+    n_files = 1
     # name -> the pytest processes of that run: (log/junit stem, pytest arguments)
     runs = {"suite": [
                 # worksteal, not loadfile (one file a worker, before 12-02): at 3133c1d step 06's file alone
