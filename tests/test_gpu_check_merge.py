@@ -172,3 +172,44 @@ def test_the_suite_is_two_pytest_processes_counted_as_one_run(tmp_path, monkeypa
     assert set(gpu_check.ONE_WORKER_FILES) | {"tests/test_grading.py", "tests/test_notebooks.py"} <= ignored
     suite = res["runs"]["suite"]
     assert (suite["passed"], suite["failed"]) == (3, 1) and suite["not_passing"] == ["t::b"]
+
+
+def test_import_puts_a_device_run_where_the_course_keeps_it(tmp_path):
+    """bench.gpu_check_import: the archive's summary replaces the committed one (kept as summary_<sha>.json
+    when of another commit), the logs and the executed notebooks land in place, the suite's logs shrink to
+    their failures and durations."""
+    import json
+    import tarfile
+
+    from bench.gpu_check_import import import_run
+    gc = tmp_path / "run" / "gc"
+    (gc / "executed").mkdir(parents=True)
+    (gc / "bench_leaderboard").mkdir()
+    (gc / "bench_leaderboard" / "results.csv").write_text("impl,ms\n")
+    new = {"pytest": {"commit": "abcdef0123", "passed": 9, "failed": 1, "not_passing": ["t::x"]},
+           "leaderboard_ms": {"commit": "abcdef0123"}, "complete": False}
+    (gc / "summary.json").write_text(json.dumps(new))
+    (gc / "pytest_suite.log").write_text("head1\nhead2\nhead3\n" + "PASSED x\n" * 500 + "FAILED t::x - boom\n"
+                                         "==== slowest 25 durations ====\n9.0s call t::x\n== 1 failed, 9 passed ==\n")
+    (gc / "pytest_grading.log").write_text("grading\n")
+    (gc / "gc_run.log").write_text("[gpu-check 01:00:00] tests\n{\n \"json\": 1\n}\n")
+    (gc / "executed" / "01_naive.ipynb").write_text("{}")
+    archive = tmp_path / "gc.tgz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(gc, arcname="gc")
+    results, executed = tmp_path / "results", tmp_path / "executed"
+    results.mkdir()
+    (results / "summary.json").write_text(json.dumps({"pytest": {"commit": "1234567"}}))
+    done = import_run(archive, results, executed)
+    assert done["sha"] == "abcdef0" and done["kept_previous"] == "summary_1234567.json"
+    assert json.loads((results / "summary.json").read_text()) == new
+    assert json.loads((results / "summary_1234567.json").read_text())["pytest"]["commit"] == "1234567"
+    assert (results / "pytest_grading_abcdef0.log").exists() and (results / "bench_leaderboard" / "results.csv").exists()
+    assert (results / "gc_run_abcdef0.log").read_text() == "[gpu-check 01:00:00] tests\n"
+    suite = (results / "pytest_suite_summary.log").read_text()
+    assert "FAILED t::x - boom" in suite and "9.0s call t::x" in suite and "PASSED x" not in suite
+    assert (executed / "01_naive.ipynb").exists()
+    assert "grade_solutions.log" in done["missing"]
+    # the same run imported twice keeps no second copy of itself
+    assert import_run(archive, results, executed)["kept_previous"] is None
+    assert not (results / "summary_abcdef0.json").exists()
