@@ -23,9 +23,8 @@ time (the course's H200 lends 10 minutes a command) runs them as separate calls:
 
 One command fits the course's lent H200 (10 minutes a command) again since ab83369, where the three
 parts took 455 s with setup (lb 67 s, tests 356: the suite spread test by test, not one file a worker).
-Bring its --out folder back as one archive (the device returns only a few files):
-
-    GPU_CHECK_COMMIT=<sha> python -m bench.gpu_check --out /tmp/gc --tests-budget-s 440; tar czf $OUT/gc.tgz -C /tmp gc
+There, `bench/gpu_check_device.sh` is that one command (setup, the three parts, the --out folder archived:
+the device returns only a few files), and `python -m bench.gpu_check_import gc.tgz` puts it in place here.
 
 Before that, the whole check stopped fitting one command at 78da36d:
 the grader's tests ran past their 440 s with three left (the full-marks test alone took 391 s beside
