@@ -15,7 +15,7 @@ GC=${GPU_CHECK_DIR:-/tmp/gc}
 rm -rf "$GC"
 mkdir -p "$GC"
 bash bench/device_setup.sh > "$GC/setup.log" 2>&1 || { echo "device_setup failed:"; tail -20 "$GC/setup.log"; }
-timeout "${GPU_CHECK_TIMEOUT_S:-555}" python3 -m bench.gpu_check --out "$GC" \
+timeout "${GPU_CHECK_TIMEOUT_S:-540}" python3 -m bench.gpu_check --out "$GC" \
     --tests-budget-s "${GPU_CHECK_TESTS_BUDGET_S:-440}" > "$GC/gc_run.log" 2>&1
 rc=$?
 tar czf "$OUT/gc.tgz" -C "$(dirname "$GC")" "$(basename "$GC")"
