@@ -213,3 +213,48 @@ def test_import_puts_a_device_run_where_the_course_keeps_it(tmp_path):
     # the same run imported twice keeps no second copy of itself
     assert import_run(archive, results, executed)["kept_previous"] is None
     assert not (results / "summary_abcdef0.json").exists()
+
+
+def test_device_script_archives_the_run_and_says_how_it_went(tmp_path):
+    """bench/gpu_check_device.sh, with a fake machine (device_setup and gpu_check replaced): the --out
+    folder comes back as $OUT/gc.tgz, the progress lines and a one-line verdict are printed, and the
+    script's status is the check's."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    import pytest
+    if shutil.which("bash") is None or shutil.which("tar") is None:
+        pytest.skip("needs bash and tar")
+    repo = Path(__file__).resolve().parent.parent
+    fake = tmp_path / "repo"
+    (fake / "bench").mkdir(parents=True)
+    shutil.copy(repo / "bench" / "gpu_check_device.sh", fake / "bench")
+    (fake / "bench" / "device_setup.sh").write_text("echo setup done\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = "-m" ]; then\n'
+        '  out=$4; mkdir -p "$out"\n'
+        '  echo \'{"complete": false, "pytest": {"passed": 5, "failed": 1, "errors": 0, "not_passing": ["t::x"]}}\' > "$out/summary.json"\n'
+        '  echo "[gpu-check 00:00:01] tests"; exit 1\n'
+        "fi\n"
+        f'exec {sys.executable} "$@"\n')
+    (bin_ / "python3").chmod(0o755)
+    out = tmp_path / "OUT"
+    out.mkdir()
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", OUT=str(out), GPU_CHECK_COMMIT="abc",
+               GPU_CHECK_DIR=str(tmp_path / "gc"))
+    r = subprocess.run(["bash", str(fake / "bench" / "gpu_check_device.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "[gpu-check 00:00:01] tests" in r.stdout and "complete: False" in r.stdout and "t::x" in r.stdout
+    with tarfile.open(out / "gc.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"gc/summary.json", "gc/gc_run.log", "gc/setup.log"} <= names
+    r = subprocess.run(["bash", str(fake / "bench" / "gpu_check_device.sh")], capture_output=True, text=True,
+                       env={k: v for k, v in env.items() if k != "GPU_CHECK_COMMIT"})
+    assert r.returncode != 0 and "GPU_CHECK_COMMIT" in r.stderr
