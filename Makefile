@@ -46,16 +46,16 @@ check: $(STAMP)
 # takes queued tests from the busy one. With `--dist load` a few long tests (the grader's whole-class runs,
 # 54-117 s) could land on one worker at the end: 11m58s-12m29s on 2 cores (2026-12-01, 878 tests), against
 # 9m53s with worksteal, the tests' own time being 19m22s in all. Each planted submission is graded by the
-# worker whose test asks. TORCHINDUCTOR_COMPILE_THREADS=1: Inductor compiles in the process instead of
-# starting a pool of compile workers in each pytest worker and grader process (the same code comes out; on
-# a clean clone, cold caches, 2026-12-02: 10m35s against 11m21s).
+# worker whose test asks. (TORCHINDUCTOR_COMPILE_THREADS=1, Inductor compiling in-process, was tried on
+# 2026-12-02 and is slower here: steps 02 and 04's compiled tests, cold caches, two runs each alternated,
+# 67-72 s against 60-63 s with Inductor's own compile pool.)
 test: $(STAMP)
-	OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 $(VPY) -m pytest --impl solutions -q -n 2 --dist worksteal
+	OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q -n 2 --dist worksteal
 
 # The grader's corpus as one class (every hostile submission, the planted bugs of steps 01-04) in one
 # `python -m grading batch -j 2`: every row as it scores alone. Minutes; not part of `make test`.
 test-grader: $(STAMP)
-	ATTN_GRADER_BATCH=1 OMP_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1 $(VPY) -m pytest --impl solutions -q tests/test_grading_batch.py
+	ATTN_GRADER_BATCH=1 OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q tests/test_grading_batch.py
 
 lab: $(STAMP)
 	$(VPY) -m jupyter lab --notebook-dir=$(CURDIR)
