@@ -26,7 +26,7 @@ fwd 128x128 5.348, dQ 128x128 w8 s2 5.589, dK/dV 64x128 w8 r128 5.982, dK/dV 64x
 column is each do_bench call's window, warm-up included: 603-640 W; the clocks are the point.) The short-run
 tables hold at the power limit: the last 3% to 5.0 ms is not in a tile.
 
-Round 2 (``--round 2``; not yet run). The first round's 64x64 dK/dV tiles ran under the table's 128-register
+Round 2 (``--round 2``). The first round's 64x64 dK/dV tiles ran under the table's 128-register
 cap, where ptxas spills 812 bytes a thread: that row (7.578 ms) measured the spills, not the tile. 64-query
 steps halve the Q and dO tiles read per key-query pair and give every product of the loop N = 64 instead of
 32. sm_90 compile report of step 06's dK/dV kernel at the leaderboard shape (12-02, Triton 3.6's ptxas, no
@@ -37,6 +37,12 @@ GPU; registers, spill stores / loads in bytes, programs an SM by registers and s
     64x64 w4 s3 uncapped      236 regs, none,             2 programs
     32x64 w4 s4 r168          162 regs, none,             3 programs
 Question: does any of them beat the table in the harness, at the power limit?
+Answer: no; the table stays. H200, 2026-12-02 06:35 UTC, ce393e0 (results/h200/triton/lb_power_r2_1202.json,
+.log, _smi.csv): every variant right (max error 1.44e-02, the table's). The table read 5.096-5.125 ms in five
+alternated runs (cuDNN 4.511 / 4.515); 64x64 w4 s3 r168 5.166 (1857 MHz against the table's 1828-1841),
+32x64 w4 s4 r168 5.190, 64x64 w4 s2 r168 5.283, 64x64 uncapped 5.592 (1929 MHz, two programs an SM). With the
+spills gone the 64-query tile comes within 1% of the table, no nearer: no tile or register cap tried in either
+round takes step 06 to 5.0 ms in CS336's harness.
 """
 
 from __future__ import annotations
