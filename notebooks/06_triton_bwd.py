@@ -448,7 +448,10 @@ if all(p.exists() for p in host_runs.values()):
 # experiments on the dK/dV kernel and their repeat; `lb_variants` is section 7's run;
 # `fwd_tma_course_3f626a2` times step 05's `tma=True` against its pointer loads; `fwd_pipelined_1201_1915` and
 # `dkdv_pipelined_1201_1915` time the loops software-pipelined by hand (`bench/experiments/triton_fwd_pipelined.py`,
-# `triton_dkdv_pipelined.py`: every form against step 05's / step 06's own kernel in the same run). The rows of one
+# `triton_dkdv_pipelined.py`: every form against step 05's / step 06's own kernel in the same run);
+`fwd_lazy_rescale_1202` skips the forward's rescale while no row's max has grown by more than TAU, as
+FlashAttention-4 does (`triton_fwd_lazy_rescale.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
+and register caps in CS336's harness itself, where the H200 runs at its power limit (`lb_power.py`). The rows of one
 # technique differ in what was timed and in what they started from (the table at 01b9b00 already ran the
 # dK/dV kernel heads first without the early dP); the columns say both.
 
@@ -473,6 +476,7 @@ tma = [r for r in load("fwd_tma_course_3f626a2")["rows"] if r["kind"] == "time"]
 fpipe = [r for r in load("fwd_pipelined_1201_1915")["rows"] if r["D"] == 64 and r["causal"]]  # triton_fwd_pipelined.py
 kpipe = load("dkdv_pipelined_1201_1915")["rows"]                                   # triton_dkdv_pipelined.py
 tdq = load("tma_dq_1201_2346")["parts"]                                             # triton_tma_dq.py
+lazy = load("fwd_lazy_rescale_1202")["timing_rows"]                                  # triton_fwd_lazy_rescale.py
 
 
 def ms(part, t, name):
@@ -528,6 +532,24 @@ def pipelined(timed, rows, table, file, first):
             (timed, t[table], t[first], file, f"{first} (the compile report's pick)")]
 
 
+def lazy_rescale(tau):
+    """Step 05 -> its loop with the rescale skipped below TAU, at the leaderboard shape; the range over all shapes."""
+    s05 = {r["shape"]: min(r["step05"], r["step05 again"]) for r in lazy}
+    x = [s05[r["shape"]] / r[f"tau{tau}"] for r in lazy]
+    return ("fwd", s05[lazy[0]["shape"]], lazy[0][f"tau{tau}"], "fwd_lazy_rescale_1202",
+            f"TAU {tau}; its {len(lazy)} shapes (D 64/128) {min(x):.2f}-{max(x):.2f}x")
+
+
+def at_power_limit(file):
+    """CS336's harness itself, each variant between two runs of the table: the table's mean -> the best variant."""
+    rows = [r for r in load(file)["rows"] if "ms" in r]
+    table = [r["ms"] for r in rows if r["name"] == "table"]
+    var = [r for r in rows if r["name"] != "table" and not r["name"].startswith("sdpa")]
+    b = min(var, key=lambda r: r["ms"])
+    return ("fwd+bwd", sum(table) / len(table), b["ms"], file,
+            f"best of {len(var)}: {b['name']} ({b['sm_mhz']} MHz, the table {round(sum(r['sm_mhz'] for r in rows if r['name'] == 'table') / len(table))})")
+
+
 tiles = {t: [n for n in lb5[t]["fwd"] if "x" in n and not n.startswith("table")] for t in lb5}
 atomic = [n for n in lb5["1711"]["bwd"] if n.startswith("atomic")]
 best = {m: lbv["best"][m]["bwd_ms"] for m in ("separate", "atomic", "fused")}
@@ -546,6 +568,8 @@ LEDGER = [
      [tma_pair(128)]),
     ("fwd: pipelined by hand", "no", "the next tile's Q K^T in flight across the softmax (FA-3's order, end wait)",
      pipelined("fwd", fpipe, "step05 forward (its table)", "fwd_pipelined_1201_1915", "defer-end 128x32 w8")),
+    ("fwd: lazy rescale (FA-4)", "no", "acc rescaled only when a row's max grew by > TAU (a max over rows, a branch)",
+     [lazy_rescale(8), lazy_rescale(0)]),
     ("dK/dV: maxnreg=128", "yes", "a 128-register cap: two 8-warp 32x128 programs per SM instead of one",
      [dkdv(t, "step06 32x128 w8", "step06 32x128 w8 r128",
            f"step 06, {regs[t]['step06 32x128 w8']} -> {regs[t]['step06 32x128 w8 r128']} registers a thread")
@@ -593,6 +617,8 @@ LEDGER = [
      [("bwd", best["separate"], best["fused"], "lb_variants", "best tiles of each, 2026-11-30")]),
     ("warp specialization", "no", "tl.range(..., warp_specialize=True): loads and math on separate warps",
      []),
+    ("tiles at the power limit", "no", "tile sets, then dK/dV register caps, timed in CS336's harness itself (~690 W)",
+     [at_power_limit("lb_power_1202"), at_power_limit("lb_power_r2_1202")]),
     ("everything kept, together", "yes", "the table before -> each run's best fwd and bwd (1705's: the table since)",
      [lb5ms("harness", "1705", "step06 as at 05f8bc2 (dkdv early dP, tiles first)", "step06 best fwd + best bwd",
             "CS336's harness; from the table at 05f8bc2"),
@@ -643,7 +669,8 @@ for tag in ("_23218fc", ""):
 # last wave, so the SMs finish together instead of waiting on a few long ones (in the copy with one
 # program per SM it paid nothing, which these runs do not explain). What is left is no longer
 # a tile or an order (the second run tried the neighbours of the first run's best and found none clearly
-# faster): step 06 reads 5.06-5.18 ms in CS336's harness on four H200s, against the 5.0 target and
+# faster; eleven more tile sets and register caps, timed in CS336's harness itself with the H200 at its
+# power limit, none faster either): step 06 reads 5.06-5.18 ms in CS336's harness on four H200s, against the 5.0 target and
 # cuDNN's 4.48-4.56 in the same runs. What the compile reports pointed at was overlap inside a program, this tile's softmax running
 # while the next tile's `wgmma` computes, and warp specialization, producer warps issuing TMA copies
 # while consumer warpgroups only compute, which Triton 3.6's `warp_specialize` did not give step 05's
