@@ -450,7 +450,8 @@ if all(p.exists() for p in host_runs.values()):
 # `dkdv_pipelined_1201_1915` time the loops software-pipelined by hand (`bench/experiments/triton_fwd_pipelined.py`,
 # `triton_dkdv_pipelined.py`: every form against step 05's / step 06's own kernel in the same run);
 `fwd_lazy_rescale_1202` skips the forward's rescale while no row's max has grown by more than TAU, as
-FlashAttention-4 does (`triton_fwd_lazy_rescale.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
+FlashAttention-4 does (`triton_fwd_lazy_rescale.py`); `fwd_persistent_1202` makes it persistent
+(`triton_fwd_persistent.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
 and register caps in CS336's harness itself, where the H200 runs at its power limit (`lb_power.py`). The rows of one
 # technique differ in what was timed and in what they started from (the table at 01b9b00 already ran the
 # dK/dV kernel heads first without the early dP); the columns say both.
@@ -477,6 +478,7 @@ fpipe = [r for r in load("fwd_pipelined_1201_1915")["rows"] if r["D"] == 64 and 
 kpipe = load("dkdv_pipelined_1201_1915")["rows"]                                   # triton_dkdv_pipelined.py
 tdq = load("tma_dq_1201_2346")["parts"]                                             # triton_tma_dq.py
 lazy = load("fwd_lazy_rescale_1202")["timing_rows"]                                  # triton_fwd_lazy_rescale.py
+pers = load("fwd_persistent_1202")["timing_rows"]                                    # triton_fwd_persistent.py
 
 
 def ms(part, t, name):
@@ -540,6 +542,14 @@ def lazy_rescale(tau):
             f"TAU {tau}; its {len(lazy)} shapes (D 64/128) {min(x):.2f}-{max(x):.2f}x")
 
 
+def persistent(name):
+    """Step 05 -> the persistent forward ``name`` at the leaderboard shape; its range over the five D=64 shapes."""
+    s05 = lambda r: min(r["ms"]["step05"], r["ms"]["step05 again"])   # noqa: E731
+    x = [r["speedup"][name] for r in pers]
+    return ("fwd", s05(pers[0]), pers[0]["ms"][name], "fwd_persistent_1202",
+            f"{name}; its {len(pers)} shapes {min(x):.2f}-{max(x):.2f}x")
+
+
 def at_power_limit(file):
     """CS336's harness itself, each variant between two runs of the table: the table's mean -> the best variant."""
     rows = [r for r in load(file)["rows"] if "ms" in r]
@@ -570,6 +580,8 @@ LEDGER = [
      pipelined("fwd", fpipe, "step05 forward (its table)", "fwd_pipelined_1201_1915", "defer-end 128x32 w8")),
     ("fwd: lazy rescale (FA-4)", "no", "acc rescaled only when a row's max grew by > TAU (a max over rows, a branch)",
      [lazy_rescale(8), lazy_rescale(0)]),
+    ("fwd: persistent", "no", "one program per SM slot looping over query tiles, dealt back and forth (snake)",
+     [persistent("snake P=2 r128"), persistent("stride P=2 r128"), persistent("snake P=1")]),
     ("dK/dV: maxnreg=128", "yes", "a 128-register cap: two 8-warp 32x128 programs per SM instead of one",
      [dkdv(t, "step06 32x128 w8", "step06 32x128 w8 r128",
            f"step 06, {regs[t]['step06 32x128 w8']} -> {regs[t]['step06 32x128 w8 r128']} registers a thread")
