@@ -451,7 +451,7 @@ if all(p.exists() for p in host_runs.values()):
 # `triton_dkdv_pipelined.py`: every form against step 05's / step 06's own kernel in the same run);
 `fwd_lazy_rescale_1202` skips the forward's rescale while no row's max has grown by more than TAU, as
 FlashAttention-4 does (`triton_fwd_lazy_rescale.py`); `fwd_persistent_1202` makes it persistent
-(`triton_fwd_persistent.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
+(`triton_fwd_persistent.py`); `lb_groups_1202` launches the heads a few at a time (`lb_groups.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
 and register caps in CS336's harness itself, where the H200 runs at its power limit (`lb_power.py`). The rows of one
 # technique differ in what was timed and in what they started from (the table at 01b9b00 already ran the
 # dK/dV kernel heads first without the early dP); the columns say both.
@@ -552,7 +552,8 @@ def persistent(name):
 
 def at_power_limit(file):
     """CS336's harness itself, each variant between two runs of the table: the table's mean -> the best variant."""
-    rows = [r for r in load(file)["rows"] if "ms" in r]
+    d = load(file)
+    rows = [r for r in d.get("rows", d.get("harness", [])) if "ms" in r]
     table = [r["ms"] for r in rows if r["name"] == "table"]
     var = [r for r in rows if r["name"] != "table" and not r["name"].startswith("sdpa")]
     b = min(var, key=lambda r: r["ms"])
@@ -631,6 +632,8 @@ LEDGER = [
      []),
     ("tiles at the power limit", "no", "tile sets, then dK/dV register caps, timed in CS336's harness itself (~690 W)",
      [at_power_limit("lb_power_1202"), at_power_limit("lb_power_r2_1202")]),
+    ("heads in groups (L2)", "no", "heads first within groups of G heads, one group after another (4G MB in flight)",
+     [at_power_limit("lb_groups_1202")]),
     ("everything kept, together", "yes", "the table before -> each run's best fwd and bwd (1705's: the table since)",
      [lb5ms("harness", "1705", "step06 as at 05f8bc2 (dkdv early dP, tiles first)", "step06 best fwd + best bwd",
             "CS336's harness; from the table at 05f8bc2"),
