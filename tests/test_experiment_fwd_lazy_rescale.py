@@ -2,6 +2,7 @@
 a row's max grew by more than TAU) is step 05's own kernel around another helper, and it is right, in Triton's
 interpreter, where rows' maxima keep growing after the first tile (the rescales the skip must not miss)."""
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -19,13 +20,19 @@ pytestmark = [pytest.mark.step05,
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(scope="module")
-def lazy():
+@functools.cache
+def _experiment():
+    """The experiment's module, loaded once a process (cheap: no kernel is built until a test calls one)."""
     spec = importlib.util.spec_from_file_location("triton_fwd_lazy_rescale",
                                                   ROOT / "bench" / "experiments" / "triton_fwd_lazy_rescale.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture
+def lazy():
+    return _experiment()
 
 
 def test_the_variant_is_step05_with_one_helper_replaced(lazy):

@@ -2,6 +2,7 @@
 dealt in stride or snake order) computes every tile exactly once, in Triton's interpreter, with more tiles than
 programs (so the odd rounds' reversed deal runs)."""
 
+import functools
 import importlib.util
 import os
 import sys
@@ -20,8 +21,9 @@ pytestmark = [pytest.mark.step05,
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(scope="module")
-def pers():
+@functools.cache
+def _experiment():
+    """The experiment's module, loaded once a process (cheap: no kernel is built until a test calls one)."""
     spec = importlib.util.spec_from_file_location("triton_fwd_persistent",
                                                   ROOT / "bench" / "experiments" / "triton_fwd_persistent.py")
     mod = importlib.util.module_from_spec(spec)
@@ -31,6 +33,11 @@ def pers():
     finally:
         sys.argv = argv
     return mod
+
+
+@pytest.fixture
+def pers():
+    return _experiment()
 
 
 @pytest.mark.parametrize("order", ["stride", "snake"])

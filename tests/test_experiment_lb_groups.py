@@ -2,6 +2,7 @@
 groups of G (their ``tl.program_id`` remapped) still cover every (head, tile) exactly once, in Triton's interpreter:
 output and gradients as the tables' kernels give them."""
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -19,12 +20,18 @@ pytestmark = [pytest.mark.step06,
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(scope="module")
-def lbg():
+@functools.cache
+def _experiment():
+    """The experiment's module, loaded once a process (cheap: no kernel is built until a test calls one)."""
     spec = importlib.util.spec_from_file_location("lb_groups", ROOT / "bench" / "experiments" / "lb_groups.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture
+def lbg():
+    return _experiment()
 
 
 def test_grouped_launch_order_is_a_permutation_with_groups_outermost():
