@@ -233,6 +233,22 @@ print(f"at N={Ns[-1]}: naive needs {r:.0f}x the memory of step 04")
 #   not, on a GPU.
 
 # %% [markdown]
+# ### What `dynamic=True` does not promise
+#
+# The compiled version (`attention_compiled`) hands each strip step to `torch.compile(..., dynamic=True)`
+# so that one graph can serve every length and offset. It still compiles again whenever a guard recorded on
+# an earlier call fails, and *duck sizing* records such guards: two sizes that are equal on a call get one
+# symbol and are assumed equal from then on. At the tests' shapes (B=1, H=2, D=32, tiles of 16; N=100
+# causal, then 17 queries against 40 keys) one process compiles 6 forward and 6 backward graphs (a CPU,
+# torch 2.13, `TORCH_LOGS=recompiles`): no mask; the strip starting at row 0 (the whole tensor, contiguous);
+# a later strip; a diagonal band that covers every row of its strip; and two that are coincidences -- a
+# view's storage offset that happened to equal the tile size (16) or D (32). Dynamo duck-sizes storage
+# offsets and no public switch turns that off. A version whose steps took whole tensors and integer offsets and
+# sliced inside (tried on 2026-12-02) made 4 + 4 graphs, but compiled about 10% slower from a cold cache on a
+# 2-core CPU, so the course keeps the views. Run with `TORCH_LOGS=recompiles` to watch it happen, and expect a compiled loop to
+# compile more than once.
+
+# %% [markdown]
 # ### Recorded on an H200
 #
 # The same comparison at the issue's sizes (B=1, H=16, D=64, causal, N = 1k, 4k, 16k, fp32 and bf16,
