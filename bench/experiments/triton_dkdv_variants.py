@@ -166,17 +166,20 @@ STEP06_TRY = {
     "step06 32x128 w8": dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=4),
     "step06 64x64 w4": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=4),
     "step06 64x128 w8 s3": dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3),
+    # 2026-12-02: the table's tiles (32x64 w4 s4, heads first) without the spills of the 128 cap: three programs an SM
+    "step06 32x64 w4 r168 hf": dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=4, maxnreg=168,
+                                    EARLY_DP=False, HEADS_FIRST=True),
 }
 
 
 # %% Variants ----------------------------------------------------------------------------------------
 
 FLAG_DEFAULTS = dict(K_PRESCALED=False, K_SCALE_IN_KERNEL=False, V_IN_REGS=False, Q_T=False, DIAG_SPLIT=1,
-                     EARLY_DP=False, HEAVY_FIRST=False)
+                     EARLY_DP=False, HEAVY_FIRST=False, K_IN_REGS=False)
 
 
 SHORT = dict(K_PRESCALED="K*c host", K_SCALE_IN_KERNEL="K*c kern", V_IN_REGS="V regs", Q_T="qT", DIAG_SPLIT="diag/",
-             EARLY_DP="early dp", HEAVY_FIRST="heavy 1st")
+             EARLY_DP="early dp", HEAVY_FIRST="heavy 1st", K_IN_REGS="K regs")
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,20 @@ EXTRA_VARIANTS = [
     Variant("32x128w8", 32, 128, 8, 4, dict(HEAVY_FIRST=True), why="2cta without maxnreg (one program per SM)"),
     Variant("2cta-64x128", 64, 128, 8, 4, dict(HEAVY_FIRST=True), maxnreg=128,
             why="maxnreg=128 at step 06's tiles (about 340 B of spills)"),
+    # 2026-12-02, the table's tiles since 23218fc (32x64, 4 warps, four programs an SM): K Q^T and V dO^T are
+    # m64n32k16 products there, and with both operands in shared memory each reads 3 KB for 16 clocks of
+    # tensor work (~190 B/clock against the SM's 128): does reading K and V from registers pay at these tiles?
+    Variant("t32x64", 32, 64, 4, 4, dict(HEAVY_FIRST=True), maxnreg=128,
+            why="the table's dK/dV tiles (32x64 w4 s4 r128, heads first): this copy's control there"),
+    Variant("t32x64-kvr-r128", 32, 64, 4, 4, dict(HEAVY_FIRST=True, K_IN_REGS=True, V_IN_REGS=True), maxnreg=128,
+            why="t32x64 with K and V read from registers (no rounding change), capped at 128"),
+    Variant("t32x64-kvr-r168", 32, 64, 4, 4, dict(HEAVY_FIRST=True, K_IN_REGS=True, V_IN_REGS=True), maxnreg=168,
+            why="t32x64 with K and V from registers, three programs an SM"),
+    Variant("t32x64-kvr", 32, 64, 4, 4, dict(HEAVY_FIRST=True, K_IN_REGS=True, V_IN_REGS=True),
+            why="t32x64 with K and V from registers, no cap"),
+    Variant("t64x64-kvr", 64, 64, 4, 3, dict(HEAVY_FIRST=True, K_IN_REGS=True, V_IN_REGS=True),
+            why="64x64 w4 s3 (m64n64 products) with K and V from registers, no cap"),
+    Variant("t64x64", 64, 64, 4, 3, dict(HEAVY_FIRST=True), why="64x64 w4 s3, heads first, no cap"),
 ]
 
 
@@ -313,6 +330,7 @@ def _dkdv_var_kernel(
     K_PRESCALED: tl.constexpr,                # K arrives as K*scale*log2(e), LSE in log2 units (host)
     K_SCALE_IN_KERNEL: tl.constexpr,          # K*scale*log2(e) once per program, here
     V_IN_REGS: tl.constexpr,                  # V through a select once per program: wgmma reads it from registers
+    K_IN_REGS: tl.constexpr,                  # the same for K (unscaled: S^T * qk_scale stays an FFMA, no rounding)
     Q_T: tl.constexpr,                        # load Q^T with transposed pointers
     DIAG_SPLIT: tl.constexpr,                 # diagonal tiles in steps of BLOCK_M // DIAG_SPLIT
     EARLY_DP: tl.constexpr,                   # V dO^T right after K Q^T
@@ -347,6 +365,8 @@ def _dkdv_var_kernel(
         k = (k.to(tl.float32) * qk_scale).to(K.dtype.element_ty)
     if V_IN_REGS:
         v = tl.where(offs_n[:, None] < N, v, 0.0)          # a no-op on the values (the load already zeroed them)
+    if K_IN_REGS:
+        k = tl.where(offs_n[:, None] < N, k, 0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     SCALE_S: tl.constexpr = not (K_PRESCALED or K_SCALE_IN_KERNEL)
