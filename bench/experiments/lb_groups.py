@@ -41,11 +41,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 import types
-from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,14 +118,6 @@ def grouped_tl(G: int) -> types.ModuleType:
     return m
 
 
-def _rebuild(fn, g):
-    new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__annotations__ = dict(fn.__annotations__)
-    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-    return new
-
-
 _CACHE: dict = {}
 
 
@@ -140,12 +130,12 @@ def grouped(G: int):
     tlg = grouped_tl(G)
     # _tl: the real triton.language stays visible, which Triton's interpreter requires (it patches that module)
     g5 = dict(vars(s5), tl=tlg, _tl=tl)
-    g5["_attn_fwd_kernel"] = triton.jit(_rebuild(s5._attn_fwd_kernel.fn, g5))
-    g5["forward"] = s5.direct_launches(_rebuild(s5.forward.__wrapped__, dict(g5, tl=tl)))
+    g5["_attn_fwd_kernel"] = triton.jit(gpu_run.rebuild(s5._attn_fwd_kernel.fn, g5))
+    g5["forward"] = s5.direct_launches(gpu_run.rebuild(s5.forward.__wrapped__, dict(g5, tl=tl)))
     g6 = dict(vars(s6), tl=tlg, _tl=tl)
     for name in ("_bwd_dkdv_kernel", "_bwd_dq_kernel"):
-        g6[name] = triton.jit(_rebuild(getattr(s6, name).fn, g6))
-    g6["backward"] = s6.direct_launches(_rebuild(s6.backward.__wrapped__, dict(g6, tl=tl)))
+        g6[name] = triton.jit(gpu_run.rebuild(getattr(s6, name).fn, g6))
+    g6["backward"] = s6.direct_launches(gpu_run.rebuild(s6.backward.__wrapped__, dict(g6, tl=tl)))
     # the launchers resolve the rebuilt kernels through their own globals (tl there is the real one)
     g5["forward"].__wrapped__.__globals__.update(_attn_fwd_kernel=g5["_attn_fwd_kernel"])
     g6["backward"].__wrapped__.__globals__.update({n: g6[n] for n in ("_bwd_dkdv_kernel", "_bwd_dq_kernel")})
@@ -201,12 +191,6 @@ def correctness(small: bool, device: str, groups=GROUPS) -> dict:
 
 # %% (2)-(3) timing ---------------------------------------------------------------------------------------
 
-def smi_means(path: Path, t0: datetime, t1: datetime) -> dict:
-    sys.path.insert(0, str(ROOT / "bench" / "experiments"))
-    from lb_power import smi_means as means
-    return means(path, t0, t1)
-
-
 def kernels(rep_ms: int) -> dict:
     from attnlib.loader import load_step
     s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
@@ -231,56 +215,7 @@ def kernels(rep_ms: int) -> dict:
 
 
 def harness(out: Path, rep_ms: int, budget_s: float) -> dict:
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from attnlib.loader import load_step
-    s6 = load_step(6, "solutions")
-    smi_path = out / "smi.csv"
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu",
-                            "--format=csv", "-lms", "100"], stdout=open(smi_path, "w"), stderr=subprocess.DEVNULL)
-    hq, hk, hv = torch.randn(3, 16, 16384, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    every = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    real_bwd = s6.backward
-    rows = []
-
-    def run(name, bwd=None, cudnn=False):
-        torch._dynamo.reset()
-        s6.backward = bwd or real_bwd
-        f = (lambda q, k, v, c: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=c)[0]) \
-            if cudnn else torch.compile(s6.FlashAttentionTriton.apply)
-
-        def step():
-            f(hq, hk, hv, True).sum().backward()
-        try:
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION] if cudnn else every):
-                for _ in range(2):
-                    step()
-                torch.cuda.synchronize()
-                t0 = datetime.now()
-                ms = round(float(triton.testing.do_bench(step, rep=rep_ms, warmup=500)), 4)
-                t1 = datetime.now()
-            row = {"name": name, "ms": ms, **smi_means(smi_path, t0, t1)}
-        except Exception as e:  # noqa: BLE001
-            row = {"name": name, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-        finally:
-            s6.backward = real_bwd
-        rows.append(row)
-        log(f"  {name:<18} {row.get('ms', row.get('error'))}  {row.get('sm_mhz', '?')} MHz {row.get('watts', '?')} W")
-        REC.result["harness"] = rows
-        REC.save()
-
-    run("sdpa_cudnn", cudnn=True)
-    run("table")
-    for G in (1, 2, 4, 8):
-        if time.time() - T0 > budget_s:
-            log(f"  budget reached: G={G} and after not timed")
-            break
-        run(f"bwd G{G}", grouped(G)[1])
-        run("table")
-    run("sdpa_cudnn again", cudnn=True)
-    smi.terminate()
-    return {"table_ms": [r["ms"] for r in rows if r["name"] == "table" and "ms" in r]}
+    return gpu_run.cs336_harness(REC, out, [(f"bwd G{G}", grouped(G)[1]) for G in (1, 2, 4, 8)], rep_ms, budget_s, T0)
 
 
 def main():

@@ -48,8 +48,6 @@ round takes step 06 to 5.0 ms in CS336's harness.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import subprocess
 import sys
 import time
@@ -60,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.experiments import gpu_run  # noqa: E402
+from bench.experiments.gpu_run import smi_means  # noqa: E402,F401 -- lb_groups and tests read it here too
 
 REC = gpu_run.Record("lb_power")
 log = REC.log
@@ -92,23 +91,6 @@ def variants(fwd_table: dict, bwd_table: dict, round_: int = 1) -> dict:
         "fwd 128x128 w8 s3": (dict(fwd_table, BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3), None),
         "fwd 128x64 w4 s3": (dict(fwd_table, num_warps=4), None),
     }
-
-
-def smi_means(path: Path, t0: datetime, t1: datetime) -> dict:
-    """Mean SM clock (MHz) and power (W) of nvidia-smi's samples between t0 and t1."""
-    clk, pw = [], []
-    with open(path) as fh:
-        for r in list(csv.reader(fh))[1:]:
-            try:
-                t = datetime.strptime(r[0].strip(), "%Y/%m/%d %H:%M:%S.%f")
-            except ValueError:
-                continue
-            if t0 <= t <= t1:
-                clk.append(int(r[1].split()[0]))
-                pw.append(float(r[3].split()[0]))
-    if not clk:
-        return {}
-    return {"sm_mhz": round(sum(clk) / len(clk)), "watts": round(sum(pw) / len(pw)), "samples": len(clk)}
 
 
 def main():

@@ -114,15 +114,6 @@ TILES = {8: lazy_tile_tau8, 0: lazy_tile_tau0}
 
 # %% Step 05 rebuilt around it ------------------------------------------------------------------------------
 
-def _rebuild(fn, g):
-    """``fn`` (a plain function) with the same code over the globals ``g``."""
-    new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__annotations__ = dict(fn.__annotations__)       # Triton reads tl.constexpr from the annotations
-    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-    return new
-
-
 @functools.cache
 def lazy_step05(tau: int):
     """A namespace with step 05's ``forward`` whose kernels call ``lazy_tile_tau{tau}`` where step 05's call
@@ -133,9 +124,9 @@ def lazy_step05(tau: int):
     g = dict(vars(s5))
     g["online_softmax_tile"] = TILES[tau]
     for name in ("_fwd_inner", "_fwd_inner_tma", "_attn_fwd_kernel", "_attn_fwd_tma_kernel"):
-        g[name] = triton.jit(_rebuild(getattr(s5, name).fn, g))
+        g[name] = triton.jit(gpu_run.rebuild(getattr(s5, name).fn, g))
     for name in ("forward", "forward_tma"):
-        g[name] = s5.direct_launches(_rebuild(getattr(s5, name).__wrapped__, g))
+        g[name] = s5.direct_launches(gpu_run.rebuild(getattr(s5, name).__wrapped__, g))
     return types.SimpleNamespace(forward=g["forward"], globals=g, step05=s5)
 
 
