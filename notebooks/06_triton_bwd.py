@@ -449,10 +449,11 @@ if all(p.exists() for p in host_runs.values()):
 # `fwd_tma_course_3f626a2` times step 05's `tma=True` against its pointer loads; `fwd_pipelined_1201_1915` and
 # `dkdv_pipelined_1201_1915` time the loops software-pipelined by hand (`bench/experiments/triton_fwd_pipelined.py`,
 # `triton_dkdv_pipelined.py`: every form against step 05's / step 06's own kernel in the same run);
-`fwd_lazy_rescale_1202` skips the forward's rescale while no row's max has grown by more than TAU, as
-FlashAttention-4 does (`triton_fwd_lazy_rescale.py`); `fwd_persistent_1202` makes it persistent
-(`triton_fwd_persistent.py`); `lb_groups_1202` launches the heads a few at a time (`lb_groups.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
-and register caps in CS336's harness itself, where the H200 runs at its power limit (`lb_power.py`). The rows of one
+# `fwd_lazy_rescale_1202` skips the forward's rescale while no row's max has grown by more than TAU, as
+# FlashAttention-4 does (`triton_fwd_lazy_rescale.py`); `fwd_persistent_1202` makes it persistent
+# (`triton_fwd_persistent.py`); `lb_groups_1202` launches the heads a few at a time (`lb_groups.py`); `lb_kv_regs_1202`
+# reads K and V from registers in step 06's own dK/dV kernel at the table's tiles (`lb_kv_regs.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
+# and register caps in CS336's harness itself, where the H200 runs at its power limit (`lb_power.py`). The rows of one
 # technique differ in what was timed and in what they started from (the table at 01b9b00 already ran the
 # dK/dV kernel heads first without the early dP); the columns say both.
 
@@ -479,6 +480,7 @@ kpipe = load("dkdv_pipelined_1201_1915")["rows"]                                
 tdq = load("tma_dq_1201_2346")["parts"]                                             # triton_tma_dq.py
 lazy = load("fwd_lazy_rescale_1202")["timing_rows"]                                  # triton_fwd_lazy_rescale.py
 pers = load("fwd_persistent_1202")["timing_rows"]                                    # triton_fwd_persistent.py
+kvr = load("lb_kv_regs_1202")["kernels"]                                             # lb_kv_regs.py
 
 
 def ms(part, t, name):
@@ -550,6 +552,16 @@ def persistent(name):
             f"{name}; its {len(pers)} shapes {min(x):.2f}-{max(x):.2f}x")
 
 
+def kv_regs_table_tiles():
+    """Step 06's backward (its table) -> the fastest of its rebuilds with K and V in registers (the table's
+    mean over the runs alternated with them), the leaderboard shape."""
+    table = [r["bwd_ms"] for r in kvr if r["name"] == "table"]
+    var = [r for r in kvr if r["name"].startswith("kv-regs")]
+    b = min(var, key=lambda r: r["bwd_ms"])
+    return ("bwd", sum(table) / len(table), b["bwd_ms"], "lb_kv_regs_1202",
+            f"step 06 itself, best of {len(var)}: {b['name']} (the table's 32x64 w4)")
+
+
 def at_power_limit(file):
     """CS336's harness itself, each variant between two runs of the table: the table's mean -> the best variant."""
     d = load(file)
@@ -591,7 +603,8 @@ LEDGER = [
      [dkdv(t, "control", "early-dp", f"the copy, 64x128 w8, {regs[t]['control']} registers: one program per SM")
       for t in ("0214", "0224")]),
     ("dK/dV: K, V from registers", "no", "wgmma reads K and V from registers instead of shared memory",
-     [dkdv("0214", "control", "kv-regs", f"the copy; error {kv_err['kv-regs']:.2f}x step 06's")]),
+     [dkdv("0214", "control", "kv-regs", f"the copy; error {kv_err['kv-regs']:.2f}x step 06's"),
+      kv_regs_table_tiles()]),
     ("dK/dV: the tutorial's way", "no", "K scaled on the host, log2 LSE, Q^T loads, the diagonal in halves",
      [dkdv("0214", "control", "tutorial-64x128", f"the copy's tiles; error {kv_err['tutorial-64x128']:.2f}x step 06's"),
       dkdv("0214", "control", "tutorial-32x128", f"its own tiles, 32x128 w4 s5 ({spills['tutorial-32x128']} B spilled)")]),

@@ -27,7 +27,14 @@ table in (2), alternated with the table, SM clock and power of each run.
     python bench/experiments/lb_kv_regs.py --out DIR     # an H200: about 2-3 minutes
     python bench/experiments/lb_kv_regs.py --small       # CPU: Triton's interpreter, part (1) at small sizes
 
-Answer: not yet run on a GPU.
+Answer: no; K and V stay in shared memory. One H200, 2026-12-02 11:26 UTC, the working tree of 8e59f24
+(results/h200/triton/lb_kv_regs_1202.json, .log, _smi.csv). Every variant bitwise step 06's at its tiles (30
+cases: bf16, causal and not, N 777-4096, D 40/64). The backward alone at the leaderboard shape, each between two
+runs of the table (3.720-3.794 ms): K and V in registers 4.157 at the 128 cap (spills), 3.990 at 168 (three
+programs an SM), 4.166 uncapped, 4.371 at 64x64 uncapped; the table's shared-memory operands at a 168 cap 3.837.
+Slower by 6-16%: the operand bytes the select saves cost registers, and programs an SM are worth more at these
+tiles than shared-memory bandwidth. No variant reached CS336's harness (the rule: only those faster alone); its
+table read 5.090 ms at 1851 MHz, cuDNN 4.484 / 4.478.
 """
 
 from __future__ import annotations
