@@ -57,6 +57,20 @@ def test_notebook_matches_its_source(path):
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
+def test_markdown_lines_are_comments(path):
+    """In the percent format a markdown cell's every line is a comment: a line without its '# ' is kept as
+    raw text by jupytext, so the .py stops being Python and an editor's reflow goes unseen (it happened in
+    notebook 06's section 11)."""
+    bad, markdown = [], False
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("# %%"):
+            markdown = "[markdown]" in line
+        elif markdown and line.strip() and not line.startswith("#"):
+            bad.append(f"  line {i}: {line[:100]}")
+    assert not bad, f"{path.name}: markdown lines without their '# ' (add it, then `make notebooks`):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.stem)
 def test_one_switch_in_every_notebook(path):
     """The first code cell starts with the same IMPL switch everywhere (attnlib.nb.SWITCH)."""
     jupytext = pytest.importorskip("jupytext")
