@@ -26,6 +26,8 @@ cuDNN's SDPA forward in the same run.
 
     python bench/experiments/gluon_fwd_overlap.py --out DIR     # an H200: about 2 minutes
     python bench/experiments/gluon_fwd_overlap.py --aot-check   # no GPU: compile every variant for sm_90a
+(not in a process where TRITON_INTERPRET=1: the interpreter replaces Triton's library functions, which Gluon
+then cannot compile; tests/test_experiment_gluon_fwd_overlap.py compiles in a subprocess for that reason)
 
 Answer: not yet run on a GPU.
 """
@@ -311,9 +313,9 @@ def timing(budget_s: float, names) -> dict:
 
 # %% --aot-check --------------------------------------------------------------------------------------------
 
-def aot_check() -> int:
-    """Compile every variant for sm_90a without a GPU (D 64/128, causal and not): registers, spills, shared
-    memory, and whether the main loop keeps a product in flight (``wgmma.wait_group.sync.aligned 1`` in PTX)."""
+def compile_sm90(variant: str, d: int, causal: bool):
+    """The kernel of ``variant`` compiled for sm_90a without a GPU (the binder Triton's launcher uses, on CPU
+    tensors of the same dtypes and shapes): Triton's compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -321,24 +323,34 @@ def aot_check() -> int:
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     kern = _gluon_fwd
+    q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
+    grid, args, kwargs, _, _ = launch_args(q, q, q, causal, variant)
+    binder = create_function_from_signature(kern.signature, kern.params, backend)
+    bound, spec, opts = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kern._pack_args(backend, kwargs, bound, spec, opts)
+    return triton.compile(GluonASTSource(kern, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def wgmma_waits(ptx: str) -> dict:
+    """``{pendings: count}`` of the ``wgmma.wait_group`` instructions in ``ptx`` (1: one product left in flight)."""
+    waits = {}
+    for m in re.finditer(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx):
+        waits[int(m.group(1))] = waits.get(int(m.group(1)), 0) + 1
+    return waits
+
+
+def aot_check() -> int:
+    """Compile every variant for sm_90a without a GPU (D 64/128, causal and not): registers, spills, shared
+    memory, and whether the main loop keeps a product in flight (``wgmma.wait_group.sync.aligned 1`` in PTX)."""
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     failures = 0
     print(f"{'variant':<26}{'D':>4} {'mask':<7}{'regs':>5}{'spill':>8}{'smem':>7}  waits in PTX (pendings: count)")
     for name in VARIANTS:
         for d in (64, 128):
             for causal in (True, False):
-                q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
                 try:
-                    grid, args, kwargs, _, _ = launch_args(q, q, q, causal, name)
-                    binder = create_function_from_signature(kern.signature, kern.params, backend)
-                    bound, spec, opts = binder(*args, **kwargs)
-                    options, signature, constexprs, attrs = kern._pack_args(backend, kwargs, bound, spec, opts)
-                    ck = triton.compile(GluonASTSource(kern, signature, constexprs, attrs), target=target,
-                                        options=options.__dict__)
+                    ck = compile_sm90(name, d, causal)
                     ptx = ck.asm["ptx"]
-                    waits = {}
-                    for m in re.finditer(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx):
-                        waits[m.group(1)] = waits.get(m.group(1), 0) + 1
                     regs, spill = "?", "?"
                     if ptxas.exists():
                         with tempfile.TemporaryDirectory() as tmp:
@@ -351,7 +363,7 @@ def aot_check() -> int:
                             regs = mr.group(1) if mr else "?"
                             spill = f"{ms_.group(1)}/{ms_.group(2)}" if ms_ else "?"
                     print(f"{name:<26}{d:>4} {'causal' if causal else 'full':<7}{regs:>5}{spill:>8}"
-                          f"{ck.metadata.shared // 1024:>6}K  {waits}", flush=True)
+                          f"{ck.metadata.shared // 1024:>6}K  {wgmma_waits(ptx)}", flush=True)
                 except Exception as e:  # noqa: BLE001
                     failures += 1
                     print(f"{name:<26}{d:>4} {'causal' if causal else 'full':<7}FAIL {type(e).__name__}: "
@@ -365,7 +377,14 @@ def main():
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--budget-s", type=float, default=200)
     ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS to time (default: all)")
+    ap.add_argument("--waits", action="store_true",
+                    help="no GPU: print {variant: wgmma waits} as JSON for --variants (D=64, causal), compiled for sm_90a")
     args = ap.parse_args()
+    if args.waits:
+        import json
+        names = args.variants.split(",") if args.variants else list(VARIANTS)
+        print(json.dumps({n: wgmma_waits(compile_sm90(n, 64, True).asm["ptx"]) for n in names}))
+        return 0
     if args.aot_check:
         return aot_check()
     if not torch.cuda.is_available():
