@@ -19,8 +19,8 @@ query rows, warps stacked along the rows), K and V by TMA into STAGES buffers wi
 CTA-wide barrier before a buffer is refilled. P goes to the second product from registers (a dot-operand
 layout of the accumulator's). Causal: the diagonal tiles masked, query tiles heaviest first. Inputs: (B, H, N, D)
 contiguous, 16-bit, D 64 or 128, N a multiple of 128 (an experiment's limits; ``check_inputs`` refuses the
-rest). (1) O and LSE against the float64 reference beside step 05's errors (bf16 and fp16, causal and not, D
-64/128, N 1024 and 4096). (2) forward only, do_bench median (rep 300 ms), bf16: FlashAttention's grid at N
+rest). (1) O and LSE against the float64 reference beside step 05's errors (bf16, causal and not, D 64 at N=1024
+and D 128 at N=4096; fp16 for the two 128x64 variants). (2) forward only, do_bench median (rep 300 ms), bf16: FlashAttention's grid at N
 4096 and 16384 (B = 16384/N, H = 2048/D) and the CS336 leaderboard shape, each variant beside step 05 and
 cuDNN's SDPA forward in the same run.
 
@@ -71,10 +71,13 @@ def _gluon_fwd(q_desc, k_desc, v_desc, O, LSE, N, H, qk_scale,
                IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(N, BLOCK_M)
-    pid = gl.program_id(0)
     if IS_CAUSAL:
-        pid = n_m - 1 - pid                      # the heaviest query tiles first
-    bh = gl.program_id(1)
+        # grid (B*H, query tiles), axis 0 fastest: every head's heaviest query tile first (step 05's HEADS_FIRST)
+        pid = n_m - 1 - gl.program_id(1)
+        bh = gl.program_id(0)
+    else:
+        pid = gl.program_id(0)
+        bh = gl.program_id(1)
     start_m = pid * BLOCK_M
     row0 = bh * N                                # this head's first row in the (B*H*N, D) views
 
@@ -223,7 +226,7 @@ def launch_args(q, k, v, causal, variant, o=None, lse=None):
     v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D], kv_layout)
     o = torch.empty_like(q) if o is None else o
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32) if lse is None else lse
-    grid = (N // bm, B * H)
+    grid = (B * H, N // bm) if causal else (N // bm, B * H)
     args = (q_desc, k_desc, v_desc, o, lse, N, H, D ** -0.5 * LOG2E)
     kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal), OVERLAP=overlap,
                   num_warps=warps)
@@ -243,27 +246,30 @@ def correctness() -> dict:
     from attnlib.reference import reference_attention
     s5 = load_step(5, "solutions")
     rows, wrong = [], 0
-    for (b, h, n, d) in ((2, 4, 1024, 64), (1, 4, 4096, 128), (2, 2, 1024, 128), (1, 8, 4096, 64)):
-        for causal in (True, False):
-            for dt in (torch.bfloat16, torch.float16):
-                g = torch.Generator(device="cpu").manual_seed(0)
-                q, k, v = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(3))
-                ro, rl = reference_attention(q, k, v, causal)
-                o5, l5 = s5.forward(q, k, v, causal, d ** -0.5)
-                base = (float((o5.double() - ro).abs().max()), float((l5.double() - rl).abs().max()))
-                case = f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'} {str(dt)[6:]}"
-                for name in VARIANTS:
-                    try:
-                        o, lse = forward(q, k, v, causal, name)
-                        torch.cuda.synchronize()
-                        e = (float((o.double() - ro).abs().max()), float((lse.double() - rl).abs().max()))
-                        ok = all(x <= 1.5 * y + 1e-3 for x, y in zip(e, base)) and all(math.isfinite(x) for x in e)
-                    except Exception as ex:  # noqa: BLE001
-                        e, ok = f"{type(ex).__name__}: {str(ex)[:300]}", False
-                    wrong += not ok
-                    rows.append({"case": case, "variant": name, "err": e, "step05": base, "ok": ok})
-                    log(f"  {case:<30} {name:<26} {e if isinstance(e, str) else f'O {e[0]:.1e} LSE {e[1]:.1e}'}"
-                        f"  (step 05 O {base[0]:.1e} LSE {base[1]:.1e}) {'ok' if ok else 'WRONG'}")
+    # bf16 at two shapes, causal and not (the kernels the timing runs), fp16 once for the two 128x64 variants: every
+    # new (variant, D, causal, dtype) is a compile of a few seconds.
+    cases = [((2, 4, 1024, 64), c, torch.bfloat16, list(VARIANTS)) for c in (True, False)] + \
+        [((1, 4, 4096, 128), c, torch.bfloat16, list(VARIANTS)) for c in (True, False)] + \
+        [((1, 2, 2048, 64), True, torch.float16, ["overlap 128x64 s2 w8", "no-overlap 128x64 s2 w8"])]
+    for (b, h, n, d), causal, dt, names in cases:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(3))
+        ro, rl = reference_attention(q, k, v, causal)
+        o5, l5 = s5.forward(q, k, v, causal, d ** -0.5)
+        base = (float((o5.double() - ro).abs().max()), float((l5.double() - rl).abs().max()))
+        case = f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'} {str(dt)[6:]}"
+        for name in names:
+            try:
+                o, lse = forward(q, k, v, causal, name)
+                torch.cuda.synchronize()
+                e = (float((o.double() - ro).abs().max()), float((lse.double() - rl).abs().max()))
+                ok = all(x <= 1.5 * y + 1e-3 for x, y in zip(e, base)) and all(math.isfinite(x) for x in e)
+            except Exception as ex:  # noqa: BLE001
+                e, ok = f"{type(ex).__name__}: {str(ex)[:300]}", False
+            wrong += not ok
+            rows.append({"case": case, "variant": name, "err": e, "step05": base, "ok": ok})
+            log(f"  {case:<30} {name:<26} {e if isinstance(e, str) else f'O {e[0]:.1e} LSE {e[1]:.1e}'}"
+                f"  (step 05 O {base[0]:.1e} LSE {base[1]:.1e}) {'ok' if ok else 'WRONG'}")
     return {"rows": rows, "wrong": wrong}
 
 
