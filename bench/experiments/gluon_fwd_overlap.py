@@ -126,12 +126,12 @@ def _gluon_fwd(q_desc, k_desc, v_desc, O, LSE, N, H, qk_scale,
     mbarrier.wait(ready.index(0), phase=0)
     s_acc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
     s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-    s_acc = s_acc * qk_scale
+    # Scores stay unscaled; m_i is in scaled (base-2) units, and exp2(s * qk_scale - m) is one FFMA and an EX2.
     if IS_CAUSAL:
         offs_n = gl.arange(0, BLOCK_N, layout=col_s)
         s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
-    m_i = gl.maximum(m_i, gl.max(s_acc, 1))
-    p = gl.exp2(s_acc - m_i[:, None])
+    m_i = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
+    p = gl.exp2(s_acc * qk_scale - m_i[:, None])
     l_i = gl.sum(p, 1)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
@@ -147,14 +147,13 @@ def _gluon_fwd(q_desc, k_desc, v_desc, O, LSE, N, H, qk_scale,
         else:
             s_acc, acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, acc, p_op))
         # The softmax of S_j: with OVERLAP, P_{j-1} V_{j-1} is still on the tensor cores meanwhile.
-        s_acc = s_acc * qk_scale
         if IS_CAUSAL:
             if j * BLOCK_N + BLOCK_N > start_m:
                 offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
                 s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s_acc, 1))
+        m_new = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s_acc - m_new[:, None])
+        p = gl.exp2(s_acc * qk_scale - m_new[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
         m_i = m_new
         if OVERLAP:
