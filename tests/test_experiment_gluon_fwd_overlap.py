@@ -55,3 +55,19 @@ def test_refuses_what_it_does_not_cover():
     q = torch.empty(1, 2, 1024, 64, dtype=torch.float32)
     with pytest.raises(ValueError, match="16-bit"):
         mod.check_inputs(q, q, q)
+
+
+DKDV = ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py"
+
+
+@pytest.mark.step06
+def test_dkdv_overlap_keeps_products_in_flight_unserialized():
+    """gluon_dkdv_overlap.py's kernel: S^T and dP^T waited for one at a time, and ptxas does not serialize the wgmmas
+    (its C7515 warning, which a product left in flight across the loop's back edge caused)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(DKDV), "--report", "overlap 64x32 s3 w4"], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rep["waits"].get("1") == 2, f"expected two waits leaving one product in flight: {rep}"
+    assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dkdv: {rep}"

@@ -1,0 +1,397 @@
+"""Experiment: step 06's dK/dV kernel in Gluon with its four products kept in flight across the exponentials: does it beat step 06's at the leaderboard shape?
+
+Question. At the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, causal, bf16) step 06's dK/dV kernel runs its
+four products at ~510 TFLOP/s where the dQ kernel runs three at ~670 (``results/h200/triton/lb_gaps_1202/``), and
+the backward is where step 06 loses to cuDNN. Triton 3.6 waits on every wgmma right after issuing it
+(``triton_dkdv_pipelined.py``: no form written in Triton kept one in flight and paid). In Gluon
+(``gluon_fwd_overlap.py`` says what it is) the kernel issues and waits itself. The order here, per query tile i
+of a program's key tile: S^T_i = K Q_i^T and dP^T_i = V dO_i^T issued together; wait for S^T_i alone and compute
+P^T_i = exp2(S^T_i - LSE) while dP^T_i runs; issue dV += P^T_i dO_i; wait for dP^T_i alone and compute dS^T_i while
+dV runs; issue dK += dS^T_i Q_i; issue the next tile's two products before waiting for these. Does keeping the
+tensor cores fed that way beat step 06's kernel, and the same Gluon kernel waiting on every product?
+
+Method. One Gluon kernel (``_gluon_dkdv``): one program per (key tile, batch x head), heads first and heaviest key
+tiles first when causal (step 06's order); K and V by TMA once, Q and dO by TMA into STAGES buffers with an
+mbarrier each; LSE and D = rowsum(dO * O) read by pointers (D from step 06's own preprocess kernel); P^T and dS^T
+go to their products from registers. Inputs (B, H, N, D) contiguous, 16-bit, D 64 or 128, N a multiple of 128.
+(1) dK and dV against the float64 reference beside step 06's errors (bf16, causal and not; fp16 once). (2) the
+kernel alone at the leaderboard shape and at D=64/128 N=4096 (B=4), do_bench median (rep 300 ms), against step 06's
+dK/dV kernel launched alone with its table's tiles, in the same run.
+
+    python bench/experiments/gluon_dkdv_overlap.py --out DIR     # an H200: about 2 minutes
+    python bench/experiments/gluon_dkdv_overlap.py --aot-check   # no GPU: compile every variant for sm_90a
+(not under TRITON_INTERPRET=1: see gluon_fwd_overlap.py)
+
+Answer: not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from bench.experiments import gpu_run  # noqa: E402
+
+REC = gpu_run.Record("gluon_dkdv_overlap")
+log = REC.log
+T0 = time.time()
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _gluon_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, N, sm_scale, qk_scale,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(0)                       # grid (B*H, key tiles): every head's tile before the next tile
+    pid = gl.program_id(1)                      # causal: key tile 0 sees every query, the heaviest, so it starts first
+    start_n = pid * BLOCK_N
+    row0 = bh * N
+
+    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])        # S^T, dP^T: (BN, BM)
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])       # dK, dV: (BN, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
+    row_t: gl.constexpr = gl.SliceLayout(1, t_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+
+    # Query tiles [lo, N): causal, the first tile holding a query >= start_n.
+    if IS_CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+    n_tiles = (N - lo) // BLOCK_M
+    qdo_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, 0], kv_bar, v_smem)
+    for s in gl.static_range(STAGES):
+        go = s < n_tiles
+        mbarrier.expect(ready.index(s), qdo_bytes, pred=go)
+        tma.async_copy_global_to_shared(q_desc, [row0 + lo + s * BLOCK_M, 0], ready.index(s), q_smem.index(s), pred=go)
+        tma.async_copy_global_to_shared(do_desc, [row0 + lo + s * BLOCK_M, 0], ready.index(s), do_smem.index(s), pred=go)
+
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=row_t)
+    zero_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=t_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=g_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=g_layout)
+    mbarrier.wait(kv_bar, phase=0)
+
+    for i in range(n_tiles):
+        buf = i % STAGES
+        start_m = lo + i * BLOCK_M
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_t)
+        lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
+        delta = gl.load(DELTA + row0 + offs_m)
+        mbarrier.wait(ready.index(buf), phase=(i // STAGES) & 1)
+        # S^T_i and dP^T_i issued together; then S^T_i waited for alone (OVERLAP) or both.
+        st = warpgroup_mma(k_smem, q_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_smem, do_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        if OVERLAP:
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        else:
+            st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
+        # P^T = exp2(S^T * scale*log2e - LSE*log2e), while dP^T_i is on the tensor cores (OVERLAP).
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if IS_CAUSAL:
+            if start_m < start_n + BLOCK_N:
+                pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
+        if OVERLAP:
+            dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
+        else:
+            dv, pt_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))
+        # dS^T = P^T (dP^T - D), while dV runs (OVERLAP).
+        dst = pt * (dpt - delta[None, :])
+        dst_op = gl.convert_layout(dst.to(dtype), a_layout)
+        dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
+        # Every product issued in this iteration is waited for in it: a product still in flight across the
+        # loop's back edge (the next tile's S^T issued here, dV and dK waited for next time) made ptxas
+        # serialize every wgmma of the kernel (its C7515 warning, seen in --aot-check): the loop-carried
+        # accumulators are copied by ordinary instructions there.
+        dk, dv, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, pt_op, dst_op))
+        # Tile i's buffer is read by nothing in flight now, in any warp: refill it with tile i + STAGES.
+        gl.thread_barrier()
+        nxt = i + STAGES
+        go = nxt < n_tiles
+        mbarrier.expect(ready.index(buf), qdo_bytes, pred=go)
+        tma.async_copy_global_to_shared(q_desc, [row0 + lo + nxt * BLOCK_M, 0], ready.index(buf),
+                                        q_smem.index(buf), pred=go)
+        tma.async_copy_global_to_shared(do_desc, [row0 + lo + nxt * BLOCK_M, 0], ready.index(buf),
+                                        do_smem.index(buf), pred=go)
+    mbarrier.invalidate(kv_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+
+    rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
+    gl.store(DK + off, (dk * sm_scale).to(dtype))
+    gl.store(DV + off, dv.to(dtype))
+
+
+# %% Host ---------------------------------------------------------------------------------------------------
+
+VARIANTS = {
+    # name: (BLOCK_N keys a program, BLOCK_M queries a step, STAGES, num_warps, OVERLAP, maxnreg)
+    "overlap 64x64 s2 w4": (64, 64, 2, 4, True, None),
+    "no-overlap 64x64 s2 w4": (64, 64, 2, 4, False, None),
+    "overlap 64x32 s3 w4": (64, 32, 3, 4, True, None),
+    "no-overlap 64x32 s3 w4": (64, 32, 3, 4, False, None),
+    "overlap 64x32 s3 w4 r128": (64, 32, 3, 4, True, 128),
+    "overlap 128x64 s2 w8": (128, 64, 2, 8, True, None),
+}
+
+
+def check_inputs(q, k, v, do):
+    if not (q.dim() == 4 and q.shape == k.shape == v.shape == do.shape):
+        raise ValueError(f"gluon_dkdv_overlap takes q, k, v, dO of one shape (B, H, N, D), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(do.shape)}")
+    if q.dtype not in (torch.float16, torch.bfloat16) or len({t.dtype for t in (q, k, v, do)}) != 1:
+        raise ValueError("gluon_dkdv_overlap takes 16-bit q, k, v, dO of one dtype")
+    B, H, N, D = q.shape
+    if D not in (64, 128) or N % 128:
+        raise ValueError(f"gluon_dkdv_overlap takes D 64 or 128 and N a multiple of 128 (an experiment's limits), "
+                         f"got D={D}, N={N}")
+    if not all(t.is_contiguous() for t in (q, k, v, do)):
+        raise ValueError("gluon_dkdv_overlap takes contiguous (B, H, N, D) tensors")
+
+
+def launch_args(q, k, v, do, lse, delta, causal, variant):
+    """(grid, args, kwargs, dk, dv) of one launch; tensors may be on the CPU (the compile report). ``lse``: the
+    forward's natural-log LSE (B, H, N) fp32; ``delta``: rowsum(dO * O), (B, H, N) fp32."""
+    check_inputs(q, k, v, do)
+    bn, bm, stages, warps, overlap, maxnreg = VARIANTS[variant]
+    B, H, N, D = q.shape
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q2, k2, v2, do2 = (t.view(B * H * N, D) for t in (q, k, v, do))
+    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
+    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [bm, D], m_layout)
+    do_desc = TensorDescriptor(do2, list(do2.shape), list(do2.stride()), [bm, D], m_layout)
+    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D], n_layout)
+    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D], n_layout)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    grid = (B * H, N // bn)
+    args = (q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv, N, D ** -0.5, D ** -0.5 * LOG2E)
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal), OVERLAP=overlap,
+                  num_warps=warps)
+    if maxnreg:
+        kwargs["maxnreg"] = maxnreg
+    return grid, args, kwargs, dk, dv
+
+
+def dkdv(q, k, v, do, lse, delta, causal, variant):
+    grid, args, kwargs, dk, dv = launch_args(q, k, v, do, lse, delta, causal, variant)
+    _gluon_dkdv[grid](*args, **kwargs)
+    return dk, dv
+
+
+def compile_sm90(variant: str, d: int, causal: bool):
+    """The kernel of ``variant`` compiled for sm_90a without a GPU (see gluon_fwd_overlap.compile_sm90)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    kern = _gluon_dkdv
+    q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 1024, dtype=torch.float32)
+    grid, args, kwargs, _, _ = launch_args(q, q, q, q, lse, lse, causal, variant)
+    binder = create_function_from_signature(kern.signature, kern.params, backend)
+    bound, spec, opts = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kern._pack_args(backend, kwargs, bound, spec, opts)
+    return triton.compile(GluonASTSource(kern, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def ptxas_report(ptx: str) -> dict:
+    """ptxas -v on ``ptx`` for sm_90a: registers, spills, and whether ptxas serialized the wgmmas (C7515)."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "k.ptx"
+        p.write_text(ptx)
+        r = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", str(p), "-o", str(p) + ".o"],
+                           capture_output=True, text=True)
+    mr = re.search(r"Used (\d+) registers", r.stderr)
+    ms_ = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    return {"regs": int(mr.group(1)) if mr else None,
+            "spills": f"{ms_.group(1)}/{ms_.group(2)}" if ms_ else None,
+            "serialized": "serialized" in r.stderr}
+
+
+def aot_check() -> int:
+    from gluon_fwd_overlap import wgmma_waits
+    failures = 0
+    print(f"{'variant':<26}{'D':>4} {'mask':<7}{'regs':>5}{'spill':>8}{'smem':>7}  waits in PTX (pendings: count)")
+    for name in VARIANTS:
+        for d in (64, 128):
+            for causal in (True, False):
+                try:
+                    ck = compile_sm90(name, d, causal)
+                    r = ptxas_report(ck.asm["ptx"])
+                    print(f"{name:<26}{d:>4} {'causal' if causal else 'full':<7}{r['regs']:>5}{r['spills']:>8}"
+                          f"{ck.metadata.shared // 1024:>6}K  {wgmma_waits(ck.asm['ptx'])}"
+                          f"{' SERIALIZED' if r['serialized'] else ''}", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    failures += 1
+                    print(f"{name:<26}{d:>4} {'causal' if causal else 'full':<7}FAIL {type(e).__name__}: "
+                          f"{str(e)[:800]}", flush=True)
+    return 1 if failures else 0
+
+
+# %% GPU ----------------------------------------------------------------------------------------------------
+
+def step06_parts(q, k, v, do, causal):
+    """Step 06's forward O and LSE, its preprocess's D, its dK/dV kernel's relaunch closure and its dK, dV."""
+    from triton_lb_variants import capture_launches
+
+    from attnlib.loader import load_step
+    s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
+    sc = q.shape[-1] ** -0.5
+    o, lse = s5.forward(q, k, v, causal, sc)
+    out = {}
+    launches = capture_launches(s6, lambda: out.setdefault("g", s6.backward(q, k, v, o, lse, do, causal, sc,
+                                                                             dq_mode="separate")))
+    kern = dict(launches)
+    delta = (do.float() * o.float()).sum(-1).contiguous()
+    return o, lse.contiguous(), delta, kern["_bwd_dkdv_kernel"], out["g"]
+
+
+def correctness() -> dict:
+    from attnlib.reference import reference_backward
+    rows, wrong = [], 0
+    cases = [((2, 4, 1024, 64), c, torch.bfloat16, list(VARIANTS)) for c in (True, False)] + \
+        [((1, 4, 2048, 128), c, torch.bfloat16, list(VARIANTS)) for c in (True, False)] + \
+        [((1, 2, 1024, 64), True, torch.float16, ["overlap 64x64 s2 w4"])]
+    for (b, h, n, d), causal, dt, names in cases:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v, do = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(4))
+        _, rdk, rdv = reference_backward(q, k, v, do, causal)
+        o, lse, delta, _, (_, dk6, dv6) = step06_parts(q, k, v, do, causal)
+        base = (float((dk6.double() - rdk).abs().max()), float((dv6.double() - rdv).abs().max()))
+        case = f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'} {str(dt)[6:]}"
+        for name in names:
+            try:
+                dk, dv = dkdv(q, k, v, do, lse, delta, causal, name)
+                torch.cuda.synchronize()
+                e = (float((dk.double() - rdk).abs().max()), float((dv.double() - rdv).abs().max()))
+                ok = all(x <= 1.5 * y + 1e-3 for x, y in zip(e, base)) and all(math.isfinite(x) for x in e)
+            except Exception as ex:  # noqa: BLE001
+                e, ok = f"{type(ex).__name__}: {str(ex)[:300]}", False
+            wrong += not ok
+            rows.append({"case": case, "variant": name, "err": e, "step06": base, "ok": ok})
+            log(f"  {case:<30} {name:<26} {e if isinstance(e, str) else f'dK {e[0]:.1e} dV {e[1]:.1e}'}"
+                f"  (step 06 dK {base[0]:.1e} dV {base[1]:.1e}) {'ok' if ok else 'WRONG'}")
+    return {"rows": rows, "wrong": wrong}
+
+
+def timing(names) -> dict:
+    rows = []
+    for label, b, h, n, d in (("leaderboard", 1, 16, 16384, 64), ("N4096 D64", 4, 32, 4096, 64),
+                              ("N4096 D128", 4, 16, 4096, 128)):
+        for causal in ((True,) if label == "leaderboard" else (True, False)):
+            q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            o, lse, delta, s6_dkdv, _ = step06_parts(q, k, v, do, causal)
+            row = {"shape": f"{label} B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
+
+            def bench(fn):
+                fn()
+                return round(float(triton.testing.do_bench(fn, rep=300)), 4)
+            row["ms"]["step06 dK/dV"] = bench(s6_dkdv)
+            for name in names:
+                try:
+                    row["ms"][name] = bench(lambda: dkdv(q, k, v, do, lse, delta, causal, name))
+                except Exception as ex:  # noqa: BLE001
+                    row["ms"][name] = f"{type(ex).__name__}: {str(ex)[:200]}"
+            row["ms"]["step06 dK/dV again"] = bench(s6_dkdv)
+            s6 = min(row["ms"]["step06 dK/dV"], row["ms"]["step06 dK/dV again"])
+            flops = 4 * 2.0 * b * h * n * n * d / (2 if causal else 1)
+            row["tflops"] = {x: round(flops / t / 1e9, 1) for x, t in row["ms"].items() if isinstance(t, float)}
+            row["vs_step06"] = {x: round(s6 / t, 3) for x, t in row["ms"].items()
+                                if isinstance(t, float) and not x.startswith("step06")}
+            rows.append(row)
+            log(f"  {row['shape']:<34} " + "  ".join(f"{x} {t if isinstance(t, str) else f'{t:.3f}'}"
+                                                      for x, t in row["ms"].items()))
+            log(f"  {'':34} x step 06: " + "  ".join(f"{x} {r:.2f}" for x, r in row["vs_step06"].items()))
+            REC.result["timing_rows"] = rows
+            REC.save()
+    return {"rows": len(rows)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
+    ap.add_argument("--report", default=None, help="no GPU: VARIANT; print its sm_90a waits and ptxas facts (D=64, "
+                                                   "causal) as JSON")
+    args = ap.parse_args()
+    if args.report:
+        import json
+
+        from gluon_fwd_overlap import wgmma_waits
+        ck = compile_sm90(args.report, 64, True)
+        print(json.dumps({"waits": wgmma_waits(ck.asm["ptx"]), **ptxas_report(ck.asm["ptx"])}))
+        return 0
+    if args.aot_check:
+        return aot_check()
+    if not torch.cuda.is_available():
+        ap.error("a Hopper GPU (or --aot-check)")
+    if args.out is None:
+        ap.error("--out DIR on a GPU")
+    REC.open(args.out, ROOT)
+    REC.result["gpu"] = torch.cuda.get_device_name()
+
+    @REC.part("1 correctness")
+    def part1():
+        r = correctness()
+        REC.result["right_variants"] = sorted({x["variant"] for x in r["rows"]} -
+                                              {x["variant"] for x in r["rows"] if not x["ok"]})
+        return r
+    part1()
+    names = [x for x in VARIANTS if x in REC.result.get("right_variants", [])]
+    log(f"timing the variants right in every case: {names or 'none'}")
+
+    @REC.part("2 dK/dV kernel timing")
+    def part2():
+        return timing(names)
+    if names:
+        part2()
+    REC.save()
+    log(f"wrote {REC.json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
