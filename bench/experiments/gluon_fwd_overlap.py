@@ -194,7 +194,15 @@ VARIANTS = {
     "overlap 128x128 s2 w8": (128, 128, 2, 8, True),
     "overlap 64x64 s3 w4": (64, 64, 3, 4, True),
     "no-overlap 64x64 s3 w4": (64, 64, 3, 4, False),
+    # round 2 (--round 2): round 1's best against itself without the overlap, a fourth stage, 128-key tiles
+    "no-overlap 128x64 s3 w8": (128, 64, 3, 8, False),
+    "overlap 128x64 s4 w8": (128, 64, 4, 8, True),
+    "overlap 128x128 s3 w8": (128, 128, 3, 8, True),
+    "no-overlap 128x128 s3 w8": (128, 128, 3, 8, False),
 }
+ROUNDS = {1: list(VARIANTS)[:6],
+          2: ["overlap 128x64 s3 w8", "no-overlap 128x64 s3 w8", "overlap 128x64 s4 w8", "overlap 128x128 s3 w8",
+              "no-overlap 128x128 s3 w8"]}
 
 
 def check_inputs(q, k, v):
@@ -240,16 +248,16 @@ def forward(q, k, v, causal, variant):
 
 # %% (1) correctness ---------------------------------------------------------------------------------------
 
-def correctness() -> dict:
+def correctness(names) -> dict:
     from attnlib.loader import load_step
     from attnlib.reference import reference_attention
     s5 = load_step(5, "solutions")
     rows, wrong = [], 0
     # bf16 at two shapes, causal and not (the kernels the timing runs), fp16 once for the two 128x64 variants: every
     # new (variant, D, causal, dtype) is a compile of a few seconds.
-    cases = [((2, 4, 1024, 64), c, torch.bfloat16, list(VARIANTS)) for c in (True, False)] + \
-        [((1, 4, 4096, 128), c, torch.bfloat16, list(VARIANTS)) for c in (True, False)] + \
-        [((1, 2, 2048, 64), True, torch.float16, ["overlap 128x64 s2 w8", "no-overlap 128x64 s2 w8"])]
+    cases = [((2, 4, 1024, 64), c, torch.bfloat16, list(names)) for c in (True, False)] + \
+        [((1, 4, 4096, 128), c, torch.bfloat16, list(names)) for c in (True, False)] + \
+        [((1, 2, 2048, 64), True, torch.float16, list(names)[:2])]
     for (b, h, n, d), causal, dt, names in cases:
         g = torch.Generator(device="cpu").manual_seed(0)
         q, k, v = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(3))
@@ -381,7 +389,9 @@ def main():
     ap.add_argument("--out", type=Path)
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--budget-s", type=float, default=200)
-    ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS to time (default: all)")
+    ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS to time (default: the round's)")
+    ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS), help="1: the first run's variants; 2: "
+                                                                                 "the follow-up of round 1's best")
     ap.add_argument("--waits", action="store_true",
                     help="no GPU: print {variant: wgmma waits} as JSON for --variants (D=64, causal), compiled for sm_90a")
     args = ap.parse_args()
@@ -401,13 +411,14 @@ def main():
 
     @REC.part("1 correctness")
     def part1():
-        r = correctness()
+        r = correctness(ROUNDS[args.round])
+        REC.result["round"] = args.round
         REC.result["right_variants"] = sorted({x["variant"] for x in r["rows"]} -
                                               {x["variant"] for x in r["rows"] if not x["ok"]})
         return r
     part1()
     right = REC.result.get("right_variants", [])
-    names = [x for x in (args.variants.split(",") if args.variants else VARIANTS) if x in right]
+    names = [x for x in (args.variants.split(",") if args.variants else ROUNDS[args.round]) if x in right]
     log(f"timing the variants right in every case: {names or 'none'}")
 
     @REC.part("2 forward timing")
