@@ -452,7 +452,9 @@ if all(p.exists() for p in host_runs.values()):
 # `fwd_lazy_rescale_1202` skips the forward's rescale while no row's max has grown by more than TAU, as
 # FlashAttention-4 does (`triton_fwd_lazy_rescale.py`); `fwd_persistent_1202` makes it persistent
 # (`triton_fwd_persistent.py`); `lb_groups_1202` launches the heads a few at a time (`lb_groups.py`); `lb_kv_regs_1202`
-# reads K and V from registers in step 06's own dK/dV kernel at the table's tiles (`lb_kv_regs.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
+# reads K and V from registers in step 06's own dK/dV kernel at the table's tiles (`lb_kv_regs.py`); `gluon_1202` and
+# `gluon_1202_r2` write the forward and the dK/dV kernel in Gluon, Triton's lower-level language, where a kernel
+# keeps products in flight itself (`gluon_fwd_overlap.py`, `gluon_dkdv_overlap.py`); `lb_power_1202` and `lb_power_r2_1202` time tile sets
 # and register caps in CS336's harness itself, where the H200 runs at its power limit (`lb_power.py`). The rows of one
 # technique differ in what was timed and in what they started from (the table at 01b9b00 already ran the
 # dK/dV kernel heads first without the early dP); the columns say both.
@@ -481,6 +483,8 @@ tdq = load("tma_dq_1201_2346")["parts"]                                         
 lazy = load("fwd_lazy_rescale_1202")["timing_rows"]                                  # triton_fwd_lazy_rescale.py
 pers = load("fwd_persistent_1202")["timing_rows"]                                    # triton_fwd_persistent.py
 kvr = load("lb_kv_regs_1202")["kernels"]                                             # lb_kv_regs.py
+gluon = {(r, k): load(f"gluon_{r}/gluon_{k}_overlap")["timing_rows"]                    # gluon_{fwd,dkdv}_overlap.py
+         for r in ("1202", "1202_r2") for k in ("fwd", "dkdv")}
 
 
 def ms(part, t, name):
@@ -560,6 +564,17 @@ def kv_regs_table_tiles():
     b = min(var, key=lambda r: r["bwd_ms"])
     return ("bwd", sum(table) / len(table), b["bwd_ms"], "lb_kv_regs_1202",
             f"step 06 itself, best of {len(var)}: {b['name']} (the table's 32x64 w4)")
+
+
+def gluon_row(kind, rnd, variant, against=None):
+    """The leaderboard shape in a Gluon experiment's run: the step's own kernel (the faster of its two timings), or
+    the same Gluon kernel waiting on every product (``against``), -> ``variant``."""
+    r = gluon[(rnd, kind)][0]
+    ms_ = r["ms"]
+    step = "step05" if kind == "fwd" else "step06 dK/dV"
+    before = ms_[against] if against else min(ms_[step], ms_[step + " again"])
+    return ("fwd" if kind == "fwd" else "dK/dV", before, ms_[variant], f"gluon_{rnd}",
+            f"{variant}, against {against or ('step 05' if kind == 'fwd' else 'step 06 kernel')}")
 
 
 def at_power_limit(file):
@@ -643,6 +658,12 @@ LEDGER = [
      [("bwd", best["separate"], best["fused"], "lb_variants", "best tiles of each, 2026-11-30")]),
     ("warp specialization", "no", "tl.range(..., warp_specialize=True): loads and math on separate warps",
      []),
+    ("Gluon: dK/dV overlapped", "kernel: yes", "Gluon (Triton 3.6): dP^T under the exponentials, dV under dS^T",
+     [gluon_row("dkdv", "1202", "overlap 64x32 s3 w4 r128"), gluon_row("dkdv", "1202_r2", "overlap 64x32 s3 w4 r128"),
+      gluon_row("dkdv", "1202_r2", "overlap 64x32 s3 w4 r128", against="no-overlap 64x32 s3 w4 r128")]),
+    ("Gluon: forward overlapped", "no", "Gluon: the softmax of S_j under P_{j-1} V_{j-1} (FA-3's intra-warpgroup order)",
+     [gluon_row("fwd", "1202", "overlap 128x64 s3 w8"), gluon_row("fwd", "1202_r2", "overlap 128x64 s3 w8"),
+      gluon_row("fwd", "1202_r2", "overlap 128x64 s3 w8", against="no-overlap 128x64 s3 w8")]),
     ("tiles at the power limit", "no", "tile sets, then dK/dV register caps, timed in CS336's harness itself (~690 W)",
      [at_power_limit("lb_power_1202"), at_power_limit("lb_power_r2_1202")]),
     ("heads in groups (L2)", "no", "heads first within groups of G heads, one group after another (4G MB in flight)",

@@ -25,7 +25,20 @@ handling stay; dQ checked bitwise), in CS336's harness (``gpu_run.cs336_harness`
     python bench/experiments/gluon_dkdv_overlap.py --aot-check   # no GPU: compile every variant for sm_90a
 (not under TRITON_INTERPRET=1: see gluon_fwd_overlap.py)
 
-Answer: not yet run on a GPU.
+Answer: yes for the kernel, not yet measured in the harness. Two runs on one H200, 2026-12-02 12:13 and 12:26 UTC,
+c616a64's and 1f5f7ff's trees (results/h200/triton/gluon_1202/, gluon_1202_r2/: round 1, then ``--round 2``).
+Every variant right (dK and dV errors equal to step 06's, bf16 and fp16, causal and not). With the products kept
+in flight against the same kernel waiting on each: 0.91-1.11x, mostly 1.02-1.10x (the leaderboard shape 1.06-1.08x).
+Against step 06's dK/dV kernel at its table's tiles: at the leaderboard shape the best (64 keys a program, 32
+queries a step, three stages, 4 warps, capped at 128 registers like step 06's) 1.01x in round 1 and 1.05x in round
+2 (2.268 ms against 2.373-2.452); 1.05-1.07x causal and 1.02-1.09x not at N=4096; at D=128, 64x64 tiles 1.06-1.25x
+in round 1 (0.75-0.92x on three stages in round 2: 255 registers and spills). Round 2's part (3) checked step 06
+with the Gluon dK/dV kernel (dQ bitwise step 06's, dK and dV as close to float64) but its harness run failed: the
+wrapper's fallback called ``s6.backward``, which the harness had replaced by the wrapper (RecursionError), because
+the harness passes (H, N, D) tensors where the check wanted four dims. Both are fixed since (``--harness VARIANT``)
+and have not run on a GPU: the session's device time was spent. At 0.1 ms off the dK/dV kernel, CS336's
+harness would read about 5.05-5.06 ms on the machine that gave the table 5.16: the 5.0 ms needs the dQ kernel and
+the forward done the same way too.
 """
 
 from __future__ import annotations

@@ -29,7 +29,18 @@ cuDNN's SDPA forward in the same run.
 (not in a process where TRITON_INTERPRET=1: the interpreter replaces Triton's library functions, which Gluon
 then cannot compile; tests/test_experiment_gluon_fwd_overlap.py compiles in a subprocess for that reason)
 
-Answer: not yet run on a GPU.
+Answer: the order is writable, and at D=64 it does not pay; at D=128 it pays 1-9% but the Gluon kernel is still
+slower than step 05's TMA kernel. Two runs on one H200, 2026-12-02 12:12 and 12:25 UTC, c616a64's and 1f5f7ff's
+trees (results/h200/triton/gluon_1202/, gluon_1202_r2/: round 1, then ``--round 2``). Every variant right (O and
+LSE errors equal to step 05's, bf16 and fp16). ptxas keeps the product in flight (``wgmma.wait_group 1``, no
+serialization warning). Against the same kernel waiting on every product: D=64 0.96-1.04x (nothing), D=128
+0.92-1.09x (1.01-1.09x with three stages). Against step 05: at D=64 the best (128x64, three stages, 8 warps)
+1.02x at all five shapes in round 1 and 0.95-1.03x in round 2 (the run's noise), 1.00-1.01x cuDNN at the
+leaderboard shape, as step 05 is; at D=128 the best (128x128, three stages) 0.87-0.92x step 05 (0.78-0.85x cuDNN).
+Two stages cost: 128x64 on two ran 0.85-0.87x step 05 causal at D=64 and 0.58-0.70x at D=128 (0.98-1.02x not
+causal at D=64). This kernel refills a buffer only after the products reading it are waited for, so with two the
+next load has one iteration to land. What is left at D=128 is what FlashAttention-3 adds on top: a producer
+warp and two consumer warpgroups taking turns (ping-pong), which this kernel does not do.
 """
 
 from __future__ import annotations
