@@ -71,3 +71,16 @@ def test_dkdv_overlap_keeps_products_in_flight_unserialized():
     rep = json.loads(r.stdout.strip().splitlines()[-1])
     assert rep["waits"].get("1") == 2, f"expected two waits leaving one product in flight: {rep}"
     assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dkdv: {rep}"
+
+
+@pytest.mark.step06
+def test_dq_overlap_waits_one_product_at_a_time_unserialized():
+    """gluon_dkdv_overlap.py's dQ kernel: S_j, dP_j and the previous dQ product waited for one by one (2, 1, 0 left
+    in flight), and ptxas does not serialize the wgmmas."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(DKDV), "--report", "dq overlap 128x64 s3 w8"], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    assert rep["waits"].get("2") == 1 and rep["waits"].get("1") == 1, f"expected waits leaving 2, then 1: {rep}"
+    assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dq: {rep}"

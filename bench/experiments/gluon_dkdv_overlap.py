@@ -20,8 +20,12 @@ dK/dV kernel launched alone with its table's tiles, in the same run. (3) if the 
 than step 06's kernel at the leaderboard shape: step 06's backward with that kernel in place of its dK/dV kernel
 (``step06_with_gluon_dkdv``: step 06's own ``backward`` rebuilt around it, so its preprocess, dQ kernel and input
 handling stay; dQ checked bitwise), in CS336's harness (``gpu_run.cs336_harness``), alternated with the table.
+``--round 3`` (written after the two runs below, not run on a GPU yet): the dQ kernel the same way (``_gluon_dq``:
+S_j, dP_j and dQ += dS_{j-1} K_{j-1} issued together, the exponentials under dP_j and the dQ product), checked
+against float64 and timed against step 06's dQ kernel alone, then CS336's harness with round 2's best dK/dV
+alone and, if the best dQ is 1% faster alone, with both (``--harness DKDV+DQ`` runs one such pair).
 
-    python bench/experiments/gluon_dkdv_overlap.py --out DIR     # an H200: about 2 minutes
+    python bench/experiments/gluon_dkdv_overlap.py --out DIR     # an H200: about 2 minutes (--round 2, --round 3)
     python bench/experiments/gluon_dkdv_overlap.py --aot-check   # no GPU: compile every variant for sm_90a
 (not under TRITON_INTERPRET=1: see gluon_fwd_overlap.py)
 
@@ -177,6 +181,115 @@ def _gluon_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, N, sm_scale
     gl.store(DV + off, dv.to(dtype))
 
 
+@gluon.jit
+def _gluon_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, N, sm_scale, qk_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    """dQ of one query tile, the forward's loop order: S_j = Q K_j^T, dP_j = dO V_j^T and dQ += dS_{j-1} K_{j-1}
+    issued together; S_j waited for alone and P_j computed under dP_j and the dQ product, then dP_j, then dS_j.
+    Every product is waited for within its iteration (``_gluon_dkdv`` says why); dS_j is carried to the next."""
+    dtype: gl.constexpr = q_desc.dtype
+    n_m = gl.cdiv(N, BLOCK_M)
+    bh = gl.program_id(0)
+    if IS_CAUSAL:
+        pid = n_m - 1 - gl.program_id(1)         # heads first, the heaviest query tiles first
+    else:
+        pid = gl.program_id(1)
+    start_m = pid * BLOCK_M
+    row0 = bh * N
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    if IS_CAUSAL:
+        hi = gl.minimum(start_m + BLOCK_M, N)
+    else:
+        hi = N
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], q_bar, do_smem)
+    for s in gl.static_range(STAGES):
+        go = s < n_tiles
+        mbarrier.expect(ready.index(s), kv_bytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [row0 + s * BLOCK_N, 0], ready.index(s), k_smem.index(s), pred=go)
+        tma.async_copy_global_to_shared(v_desc, [row0 + s * BLOCK_N, 0], ready.index(s), v_smem.index(s), pred=go)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+    lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
+    delta = gl.load(DELTA + row0 + offs_m)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    mbarrier.wait(q_bar, phase=0)
+
+    # Tile 0: S_0, dP_0, dS_0 (no dQ product yet).
+    mbarrier.wait(ready.index(0), phase=0)
+    s_acc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do_smem, v_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    s_acc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, dp))
+    p = gl.exp2(s_acc * qk_scale - lse2[:, None])
+    if IS_CAUSAL:
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+        p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+    ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+
+    for j in range(1, n_tiles):
+        st = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
+        s_acc = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_smem, v_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dq = warpgroup_mma(ds_op, k_smem.index(prev), dq, is_async=True)
+        if OVERLAP:
+            s_acc = warpgroup_mma_wait(num_outstanding=2, deps=(s_acc,))
+        else:
+            s_acc, dp, dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, dp, dq, ds_op))
+        p = gl.exp2(s_acc * qk_scale - lse2[:, None])
+        if IS_CAUSAL:
+            if j * BLOCK_N + BLOCK_N > start_m:
+                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        if OVERLAP:
+            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
+        ds = p * (dp - delta[:, None])
+        if OVERLAP:
+            dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+        ds_op = gl.convert_layout(ds.to(dtype), a_layout)
+        # K_{j-1}, V_{j-1} are read by nothing in flight now, in any warp: refill their buffer.
+        gl.thread_barrier()
+        nxt = j - 1 + STAGES
+        go = nxt < n_tiles
+        mbarrier.expect(ready.index(prev), kv_bytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev), k_smem.index(prev), pred=go)
+        tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev), v_smem.index(prev), pred=go)
+
+    last = (n_tiles - 1) % STAGES
+    dq = warpgroup_mma(ds_op, k_smem.index(last), dq, is_async=True)
+    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+    mbarrier.invalidate(q_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
+    gl.store(DQ + off, (dq * sm_scale).to(dtype))
+
+
 # %% Host ---------------------------------------------------------------------------------------------------
 
 VARIANTS = {
@@ -195,7 +308,9 @@ VARIANTS = {
 }
 ROUNDS = {1: list(VARIANTS)[:6],
           2: ["overlap 64x32 s3 w4 r128", "no-overlap 64x32 s3 w4 r128", "overlap 64x32 s4 w4 r128",
-              "overlap 64x64 s3 w4", "no-overlap 64x64 s3 w4"]}
+              "overlap 64x64 s3 w4", "no-overlap 64x64 s3 w4"],
+          3: []}                        # round 3: the dQ kernel (DQ_VARIANTS) and the harness, main() says how
+ROUND2_BEST_DKDV = "overlap 64x32 s3 w4 r128"
 
 
 def check_inputs(q, k, v, do):
@@ -237,6 +352,45 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None):
     return grid, args, kwargs, dk, dv
 
 
+DQ_VARIANTS = {
+    # name: (BLOCK_M queries a program, BLOCK_N keys a step, STAGES, num_warps, OVERLAP, maxnreg); step 06's dQ
+    # table at the leaderboard shape is 128x64 on 8 warps, three stages
+    "dq overlap 128x64 s3 w8": (128, 64, 3, 8, True, None),
+    "dq no-overlap 128x64 s3 w8": (128, 64, 3, 8, False, None),
+    "dq overlap 64x64 s3 w4": (64, 64, 3, 4, True, None),
+    "dq overlap 128x32 s4 w8": (128, 32, 4, 8, True, None),
+}
+
+
+def dq_launch_args(q, k, v, do, lse, delta, causal, variant, dq=None):
+    """(grid, args, kwargs, dq) of one ``_gluon_dq`` launch (tensors may be on the CPU: the compile report)."""
+    check_inputs(q, k, v, do)
+    bm, bn, stages, warps, overlap, maxnreg = DQ_VARIANTS[variant]
+    B, H, N, D = q.shape
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q2, k2, v2, do2 = (t.view(B * H * N, D) for t in (q, k, v, do))
+    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
+    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [bm, D], m_layout)
+    do_desc = TensorDescriptor(do2, list(do2.shape), list(do2.stride()), [bm, D], m_layout)
+    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D], n_layout)
+    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D], n_layout)
+    dq = torch.empty_like(q) if dq is None else dq
+    grid = (B * H, N // bm)
+    args = (q_desc, k_desc, v_desc, do_desc, lse, delta, dq, N, D ** -0.5, D ** -0.5 * LOG2E)
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal), OVERLAP=overlap,
+                  num_warps=warps)
+    if maxnreg:
+        kwargs["maxnreg"] = maxnreg
+    return grid, args, kwargs, dq
+
+
+def dq_gluon(q, k, v, do, lse, delta, causal, variant):
+    grid, args, kwargs, dq = dq_launch_args(q, k, v, do, lse, delta, causal, variant)
+    _gluon_dq[grid](*args, **kwargs)
+    return dq
+
+
 def dkdv(q, k, v, do, lse, delta, causal, variant):
     grid, args, kwargs, dk, dv = launch_args(q, k, v, do, lse, delta, causal, variant)
     _gluon_dkdv[grid](*args, **kwargs)
@@ -260,15 +414,37 @@ class _GluonDkdvInStep06:
         return launch
 
 
-def step06_with_gluon_dkdv(variant: str):
-    """Step 06's ``backward`` (its preprocess, its dQ kernel, its dtype and layout handling) with the dK/dV kernel
-    replaced by ``_gluon_dkdv`` (``variant``) wherever the inputs are ones it covers; step 06's own otherwise."""
+class _GluonDqInStep06:
+    """The same for step 06's ``_bwd_dq_kernel``: takes its launch arguments, runs ``_gluon_dq`` (``variant``)."""
+
+    def __init__(self, variant):
+        self.variant = variant
+
+    def __getitem__(self, grid):
+        def launch(q4, k4, v4, do4, lse, delta, dq4, *rest, IS_CAUSAL, **kw):
+            B, H, N, _ = q4.shape
+            grid_, args, kwargs, _ = dq_launch_args(q4, k4, v4, do4, lse.view(B, H, N), delta.view(B, H, N),
+                                                    IS_CAUSAL, self.variant, dq4)
+            _gluon_dq[grid_](*args, **kwargs)
+        return launch
+
+
+def step06_with_gluon_dkdv(variant: str | None, dq_variant: str | None = None):
+    """Step 06's ``backward`` (its preprocess, its dtype and layout handling, and each kernel not replaced) with the
+    dK/dV kernel replaced by ``_gluon_dkdv`` (``variant``) and, given ``dq_variant``, the dQ kernel by ``_gluon_dq``,
+    wherever the inputs are ones they cover; step 06's own backward otherwise."""
     from attnlib.loader import load_step
     s6 = load_step(6, "solutions")
-    shim = _GluonDkdvInStep06(variant)
-    g = dict(vars(s6), _bwd_dkdv_kernel=shim)
-    g["configured"] = lambda kern, cfg: kern if kern is shim else s6.configured(kern, cfg)
-    g["wrap_triton"] = lambda kern: kern if kern is shim else s6.wrap_triton(kern)
+    g = dict(vars(s6))
+    shims = []
+    if variant:
+        g["_bwd_dkdv_kernel"] = _GluonDkdvInStep06(variant)
+        shims.append(g["_bwd_dkdv_kernel"])
+    if dq_variant:
+        g["_bwd_dq_kernel"] = _GluonDqInStep06(dq_variant)
+        shims.append(g["_bwd_dq_kernel"])
+    g["configured"] = lambda kern, cfg: kern if any(kern is x for x in shims) else s6.configured(kern, cfg)
+    g["wrap_triton"] = lambda kern: kern if any(kern is x for x in shims) else s6.wrap_triton(kern)
     rebuilt = s6.direct_launches(gpu_run.rebuild(s6.backward.__wrapped__, g))
     real = s6.backward          # captured now: CS336's harness puts this function in s6.backward while it runs
 
@@ -281,6 +457,23 @@ def step06_with_gluon_dkdv(variant: str):
             return real(q, k, v, o, lse, do, is_causal, scale, config=config, dq_mode=dq_mode)
         return rebuilt(q, k, v, o, lse, do, is_causal, scale, config=config, dq_mode="separate")
     return backward
+
+
+def compile_dq_sm90(variant: str, d: int, causal: bool):
+    """``_gluon_dq``'s ``variant`` compiled for sm_90a without a GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 1024, dtype=torch.float32)
+    grid, args, kwargs, _ = dq_launch_args(q, q, q, q, lse, lse, causal, variant)
+    binder = create_function_from_signature(_gluon_dq.signature, _gluon_dq.params, backend)
+    bound, spec, opts = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = _gluon_dq._pack_args(backend, kwargs, bound, spec, opts)
+    return triton.compile(GluonASTSource(_gluon_dq, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 def compile_sm90(variant: str, d: int, causal: bool):
@@ -320,11 +513,11 @@ def aot_check() -> int:
     from gluon_fwd_overlap import wgmma_waits
     failures = 0
     print(f"{'variant':<26}{'D':>4} {'mask':<7}{'regs':>5}{'spill':>8}{'smem':>7}  waits in PTX (pendings: count)")
-    for name in VARIANTS:
+    for name in list(VARIANTS) + list(DQ_VARIANTS):
         for d in (64, 128):
             for causal in (True, False):
                 try:
-                    ck = compile_sm90(name, d, causal)
+                    ck = (compile_dq_sm90 if name in DQ_VARIANTS else compile_sm90)(name, d, causal)
                     r = ptxas_report(ck.asm["ptx"])
                     print(f"{name:<26}{d:>4} {'causal' if causal else 'full':<7}{r['regs']:>5}{r['spills']:>8}"
                           f"{ck.metadata.shared // 1024:>6}K  {wgmma_waits(ck.asm['ptx'])}"
@@ -382,13 +575,13 @@ def correctness(names) -> dict:
     return {"rows": rows, "wrong": wrong}
 
 
-def combined_correctness(variant: str) -> dict:
-    """Step 06's backward with the Gluon dK/dV kernel: dQ bitwise step 06's, dK and dV as close to float64 as the
-    kernel alone was (the leaderboard's dtype and mask, two sizes)."""
+def combined_correctness(variant: str | None, dq_variant: str | None = None) -> dict:
+    """Step 06's backward with the Gluon dK/dV kernel (and dQ kernel): dQ bitwise step 06's when its kernel is step
+    06's, every gradient as close to float64 as step 06's (the leaderboard's dtype and mask, two sizes)."""
     from attnlib.loader import load_step
     from attnlib.reference import reference_backward
     s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
-    bwd = step06_with_gluon_dkdv(variant)
+    bwd = step06_with_gluon_dkdv(variant, dq_variant)
     out = []
     for (b, h, n, d) in ((1, 4, 2048, 64), (2, 2, 1024, 64)):
         g = torch.Generator(device="cpu").manual_seed(1)
@@ -400,13 +593,81 @@ def combined_correctness(variant: str) -> dict:
         ref = reference_backward(q, k, v, do, True)
         e_got = [float((x.double() - r).abs().max()) for x, r in zip(got, ref)]
         e_want = [float((x.double() - r).abs().max()) for x, r in zip(want, ref)]
-        ok = torch.equal(got[0], want[0]) and all(x <= 1.5 * y + 1e-3 for x, y in zip(e_got[1:], e_want[1:]))
+        ok = (dq_variant is not None or torch.equal(got[0], want[0])) and \
+            all(x <= 1.5 * y + 1e-3 for x, y in zip(e_got, e_want))
         out.append({"shape": [b, h, n, d], "err": e_got, "step06": e_want, "dq_bitwise": torch.equal(got[0], want[0]),
                     "ok": ok})
         log(f"  combined B{b} H{h} N{n} D{d}: dQ/dK/dV err {e_got[0]:.1e}/{e_got[1]:.1e}/{e_got[2]:.1e} (step 06 "
             f"{e_want[0]:.1e}/{e_want[1]:.1e}/{e_want[2]:.1e}), dQ bitwise {torch.equal(got[0], want[0])} "
             f"{'ok' if ok else 'WRONG'}")
     return {"rows": out, "ok": all(r["ok"] for r in out)}
+
+
+def dq_parts(q, k, v, do, causal):
+    """Step 06's O, LSE, D, its dQ kernel's relaunch closure and its dQ (dq_mode "separate")."""
+    from triton_lb_variants import capture_launches
+
+    from attnlib.loader import load_step
+    s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
+    sc = q.shape[-1] ** -0.5
+    o, lse = s5.forward(q, k, v, causal, sc)
+    out = {}
+    launches = dict(capture_launches(s6, lambda: out.setdefault("g", s6.backward(q, k, v, o, lse, do, causal, sc,
+                                                                                  dq_mode="separate"))))
+    delta = (do.float() * o.float()).sum(-1).contiguous()
+    return o, lse.contiguous(), delta, launches["_bwd_dq_kernel"], out["g"][0]
+
+
+def dq_correctness(names) -> dict:
+    from attnlib.reference import reference_backward
+    rows, wrong = [], 0
+    cases = [((2, 4, 1024, 64), c, torch.bfloat16) for c in (True, False)] + \
+        [((1, 4, 2048, 128), c, torch.bfloat16) for c in (True, False)] + [((1, 2, 1024, 64), True, torch.float16)]
+    for (b, h, n, d), causal, dt in cases:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v, do = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(4))
+        rdq = reference_backward(q, k, v, do, causal)[0]
+        o, lse, delta, _, dq6 = dq_parts(q, k, v, do, causal)
+        base = float((dq6.double() - rdq).abs().max())
+        case = f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'} {str(dt)[6:]}"
+        for name in (names if dt == torch.bfloat16 else names[:1]):
+            try:
+                dq = dq_gluon(q, k, v, do, lse, delta, causal, name)
+                torch.cuda.synchronize()
+                e = float((dq.double() - rdq).abs().max())
+                ok = e <= 1.5 * base + 1e-3 and math.isfinite(e)
+            except Exception as ex:  # noqa: BLE001
+                e, ok = f"{type(ex).__name__}: {str(ex)[:300]}", False
+            wrong += not ok
+            rows.append({"case": case, "variant": name, "err": e, "step06": base, "ok": ok})
+            log(f"  {case:<30} {name:<28} {e if isinstance(e, str) else f'dQ {e:.1e}'}  (step 06 dQ {base:.1e}) "
+                f"{'ok' if ok else 'WRONG'}")
+    return {"rows": rows, "wrong": wrong}
+
+
+def dq_timing(names) -> dict:
+    rows = []
+    for label, b, h, n, d, causal in (("leaderboard", 1, 16, 16384, 64, True), ("N4096 D64", 4, 32, 4096, 64, True),
+                                      ("N4096 D64", 4, 32, 4096, 64, False), ("N4096 D128", 4, 16, 4096, 128, True)):
+        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o, lse, delta, s6_dq, _ = dq_parts(q, k, v, do, causal)
+        row = {"shape": f"{label} B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
+
+        def bench(fn):
+            fn()
+            return round(float(triton.testing.do_bench(fn, rep=300)), 4)
+        row["ms"]["step06 dQ"] = bench(s6_dq)
+        for name in names:
+            row["ms"][name] = bench(lambda: dq_gluon(q, k, v, do, lse, delta, causal, name))
+        row["ms"]["step06 dQ again"] = bench(s6_dq)
+        s6 = min(row["ms"]["step06 dQ"], row["ms"]["step06 dQ again"])
+        row["vs_step06"] = {x: round(s6 / t, 3) for x, t in row["ms"].items() if not x.startswith("step06")}
+        rows.append(row)
+        log(f"  {row['shape']:<34} " + "  ".join(f"{x} {t:.3f}" for x, t in row["ms"].items()))
+        log(f"  {'':34} x step 06: " + "  ".join(f"{x} {r:.2f}" for x, r in row["vs_step06"].items()))
+        REC.result["dq_timing_rows"] = rows
+        REC.save()
+    return {"rows": len(rows)}
 
 
 def timing(names) -> dict:
@@ -447,8 +708,8 @@ def main():
     ap.add_argument("--out", type=Path)
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--harness-rep-ms", type=int, default=3000)
-    ap.add_argument("--harness", default=None, help="VARIANT: part (3) alone for it (step 06 with it, checked, then "
-                                                    "CS336's harness alternated with the table)")
+    ap.add_argument("--harness", default=None, help="DKDV_VARIANT[+DQ_VARIANT]: part (3) alone for them (step 06 with "
+                                                    "them, checked, then CS336's harness alternated with the table)")
     ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS), help="1: the first run's variants; 2: "
                                                                                  "the follow-up of round 1's best")
     ap.add_argument("--report", default=None, help="no GPU: VARIANT; print its sm_90a waits and ptxas facts (D=64, "
@@ -458,7 +719,7 @@ def main():
         import json
 
         from gluon_fwd_overlap import wgmma_waits
-        ck = compile_sm90(args.report, 64, True)
+        ck = (compile_dq_sm90 if args.report in DQ_VARIANTS else compile_sm90)(args.report, 64, True)
         print(json.dumps({"waits": wgmma_waits(ck.asm["ptx"]), **ptxas_report(ck.asm["ptx"])}))
         return 0
     if args.aot_check:
@@ -470,15 +731,52 @@ def main():
     REC.open(args.out, ROOT)
     REC.result["gpu"] = torch.cuda.get_device_name()
     if args.harness:
-        @REC.part("3 CS336 harness, step 06 with a Gluon dK/dV, alternated with the table")
+        @REC.part("3 CS336 harness, step 06 with Gluon kernels, alternated with the table")
         def part3only():
-            c = combined_correctness(args.harness)
+            kv, _, dqv = args.harness.partition("+")
+            c = combined_correctness(kv or None, dqv or None)
             if not c["ok"]:
                 raise AssertionError(f"step 06 with {args.harness} is wrong: not timed")
-            r = gpu_run.cs336_harness(REC, args.out, [(f"gluon dK/dV {args.harness}", step06_with_gluon_dkdv(args.harness))],
+            r = gpu_run.cs336_harness(REC, args.out, [(f"gluon {args.harness}", step06_with_gluon_dkdv(kv or None, dqv or None))],
                                       args.harness_rep_ms, 10 ** 9, T0)
             return {"best": args.harness, "combined": c, **r}
         part3only()
+        REC.save()
+        return 0
+    if args.round == 3:
+        # The dQ kernel in Gluon, then CS336's harness with round 2's best dK/dV alone and with the best dQ.
+        @REC.part("4 dQ kernel: correctness")
+        def part4():
+            r = dq_correctness(list(DQ_VARIANTS))
+            REC.result["right_dq_variants"] = sorted({x["variant"] for x in r["rows"]} -
+                                                     {x["variant"] for x in r["rows"] if not x["ok"]})
+            return r
+        part4()
+        dq_names = [x for x in DQ_VARIANTS if x in REC.result.get("right_dq_variants", [])]
+
+        @REC.part("5 dQ kernel timing")
+        def part5():
+            return dq_timing(dq_names)
+        if dq_names:
+            part5()
+
+        @REC.part("6 CS336 harness: step 06 with the Gluon dK/dV, and with the Gluon dQ too")
+        def part6():
+            kv = ROUND2_BEST_DKDV
+            runs = [(f"gluon {kv}", step06_with_gluon_dkdv(kv))]
+            rows = REC.result.get("dq_timing_rows") or []
+            lb = rows[0]["vs_step06"] if rows else {}
+            dq_best = max(lb, key=lb.get) if lb else None
+            if dq_best and lb[dq_best] >= 1.01:
+                c = combined_correctness(kv, dq_best)
+                if c["ok"]:
+                    runs.append((f"gluon {kv}+{dq_best}", step06_with_gluon_dkdv(kv, dq_best)))
+                REC.result["combined_dq"] = c
+            c = combined_correctness(kv)
+            if not c["ok"]:
+                raise AssertionError(f"step 06 with {kv} is wrong: not timed")
+            return gpu_run.cs336_harness(REC, args.out, runs, args.harness_rep_ms, 10 ** 9, T0)
+        part6()
         REC.save()
         return 0
 
