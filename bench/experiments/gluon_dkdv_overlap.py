@@ -333,14 +333,7 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None):
     check_inputs(q, k, v, do)
     bn, bm, stages, warps, overlap, maxnreg = VARIANTS[variant]
     B, H, N, D = q.shape
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q2, k2, v2, do2 = (t.view(B * H * N, D) for t in (q, k, v, do))
-    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
-    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [bm, D], m_layout)
-    do_desc = TensorDescriptor(do2, list(do2.shape), list(do2.stride()), [bm, D], m_layout)
-    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D], n_layout)
-    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D], n_layout)
+    q_desc, k_desc, v_desc, do_desc = descriptors(q, k, v, do, bm, bn)
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     grid = (B * H, N // bn)
@@ -362,19 +355,25 @@ DQ_VARIANTS = {
 }
 
 
+def descriptors(q, k, v, do, bm, bn):
+    """TMA descriptors of the (B*H*N, D) views: Q and dO in (bm, D) boxes, K and V in (bn, D)."""
+    B, H, N, D = q.shape
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
+    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    out = []
+    for t, box, lay in ((q, bm, m_layout), (k, bn, n_layout), (v, bn, n_layout), (do, bm, m_layout)):
+        t2 = t.view(B * H * N, D)
+        out.append(TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [box, D], lay))
+    return out
+
+
 def dq_launch_args(q, k, v, do, lse, delta, causal, variant, dq=None):
     """(grid, args, kwargs, dq) of one ``_gluon_dq`` launch (tensors may be on the CPU: the compile report)."""
     check_inputs(q, k, v, do)
     bm, bn, stages, warps, overlap, maxnreg = DQ_VARIANTS[variant]
     B, H, N, D = q.shape
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q2, k2, v2, do2 = (t.view(B * H * N, D) for t in (q, k, v, do))
-    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
-    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [bm, D], m_layout)
-    do_desc = TensorDescriptor(do2, list(do2.shape), list(do2.stride()), [bm, D], m_layout)
-    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D], n_layout)
-    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D], n_layout)
+    q_desc, k_desc, v_desc, do_desc = descriptors(q, k, v, do, bm, bn)
     dq = torch.empty_like(q) if dq is None else dq
     grid = (B * H, N // bm)
     args = (q_desc, k_desc, v_desc, do_desc, lse, delta, dq, N, D ** -0.5, D ** -0.5 * LOG2E)
@@ -459,39 +458,25 @@ def step06_with_gluon_dkdv(variant: str | None, dq_variant: str | None = None):
     return backward
 
 
-def compile_dq_sm90(variant: str, d: int, causal: bool):
-    """``_gluon_dq``'s ``variant`` compiled for sm_90a without a GPU."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
+def _cpu_inputs(d):
     q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
-    lse = torch.empty(1, 2, 1024, dtype=torch.float32)
+    return q, torch.empty(1, 2, 1024, dtype=torch.float32)
+
+
+def compile_dq_sm90(variant: str, d: int, causal: bool):
+    """``_gluon_dq``'s ``variant`` compiled for sm_90a without a GPU (gluon_fwd_overlap.compile_for_sm90)."""
+    from gluon_fwd_overlap import compile_for_sm90
+    q, lse = _cpu_inputs(d)
     grid, args, kwargs, _ = dq_launch_args(q, q, q, q, lse, lse, causal, variant)
-    binder = create_function_from_signature(_gluon_dq.signature, _gluon_dq.params, backend)
-    bound, spec, opts = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = _gluon_dq._pack_args(backend, kwargs, bound, spec, opts)
-    return triton.compile(GluonASTSource(_gluon_dq, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return compile_for_sm90(_gluon_dq, args, kwargs)
 
 
 def compile_sm90(variant: str, d: int, causal: bool):
-    """The kernel of ``variant`` compiled for sm_90a without a GPU (see gluon_fwd_overlap.compile_sm90)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    kern = _gluon_dkdv
-    q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
-    lse = torch.empty(1, 2, 1024, dtype=torch.float32)
+    """``_gluon_dkdv``'s ``variant`` compiled for sm_90a without a GPU (gluon_fwd_overlap.compile_for_sm90)."""
+    from gluon_fwd_overlap import compile_for_sm90
+    q, lse = _cpu_inputs(d)
     grid, args, kwargs, _, _ = launch_args(q, q, q, q, lse, lse, causal, variant)
-    binder = create_function_from_signature(kern.signature, kern.params, backend)
-    bound, spec, opts = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = kern._pack_args(backend, kwargs, bound, spec, opts)
-    return triton.compile(GluonASTSource(kern, signature, constexprs, attrs), target=target, options=options.__dict__)
+    return compile_for_sm90(_gluon_dkdv, args, kwargs)
 
 
 def ptxas_report(ptx: str) -> dict:

@@ -337,22 +337,27 @@ def timing(budget_s: float, names) -> dict:
 
 # %% --aot-check --------------------------------------------------------------------------------------------
 
-def compile_sm90(variant: str, d: int, causal: bool):
-    """The kernel of ``variant`` compiled for sm_90a without a GPU (the binder Triton's launcher uses, on CPU
-    tensors of the same dtypes and shapes): Triton's compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
+def compile_for_sm90(kern, args, kwargs):
+    """A ``@gluon.jit`` kernel compiled for sm_90a without a GPU, for the launch ``kern[grid](*args, **kwargs)``
+    (the binder Triton's launcher uses, on CPU tensors of the same dtypes and shapes: the same specialization):
+    Triton's compiled kernel (``.asm["ptx"]``, ``.metadata``)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
-    kern = _gluon_fwd
-    q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
-    grid, args, kwargs, _, _ = launch_args(q, q, q, causal, variant)
     binder = create_function_from_signature(kern.signature, kern.params, backend)
     bound, spec, opts = binder(*args, **kwargs)
     options, signature, constexprs, attrs = kern._pack_args(backend, kwargs, bound, spec, opts)
     return triton.compile(GluonASTSource(kern, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def compile_sm90(variant: str, d: int, causal: bool):
+    """The kernel of ``variant`` compiled for sm_90a without a GPU (``compile_for_sm90``)."""
+    q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
+    grid, args, kwargs, _, _ = launch_args(q, q, q, causal, variant)
+    return compile_for_sm90(_gluon_fwd, args, kwargs)
 
 
 def wgmma_waits(ptx: str) -> dict:
