@@ -1,6 +1,7 @@
-"""bench/experiments/gluon_fwd_overlap.py without a GPU: its Gluon kernel compiles for sm_90a, the overlapped variant
-leaves one product in flight (``wgmma.wait_group 1``) where the other waits on every one, and the host refuses the
-inputs the kernel does not cover. (Gluon has no CPU interpreter: the numbers are checked on the GPU, part (1).)"""
+"""bench/experiments/gluon_fwd_overlap.py and gluon_dkdv_overlap.py without a GPU: their Gluon kernels compile for sm_90a,
+the overlapped variants leave products in flight (``wgmma.wait_group`` 1 or 2) where the others wait on every one, ptxas
+does not serialize them, and the host refuses the inputs the kernels do not cover. (Gluon has no CPU interpreter: the
+numbers are checked on the GPU, each experiment's part (1).)"""
 
 import functools
 import importlib.util
@@ -60,15 +61,21 @@ def test_refuses_what_it_does_not_cover():
 DKDV = ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py"
 
 
+@functools.cache
+def _backward_reports():
+    """gluon_dkdv_overlap.py --report for its dK/dV and dQ kernels, in one process without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(DKDV), "--report", "overlap 64x32 s3 w4,dq overlap 128x64 s3 w8"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.step06
 def test_dkdv_overlap_keeps_products_in_flight_unserialized():
     """gluon_dkdv_overlap.py's kernel: S^T and dP^T waited for one at a time, and ptxas does not serialize the wgmmas
     (its C7515 warning, which a product left in flight across the loop's back edge caused)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(DKDV), "--report", "overlap 64x32 s3 w4"], capture_output=True, text=True,
-                       env=env, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    rep = _backward_reports()["overlap 64x32 s3 w4"]
     assert rep["waits"].get("1") == 2, f"expected two waits leaving one product in flight: {rep}"
     assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dkdv: {rep}"
 
@@ -77,10 +84,6 @@ def test_dkdv_overlap_keeps_products_in_flight_unserialized():
 def test_dq_overlap_waits_one_product_at_a_time_unserialized():
     """gluon_dkdv_overlap.py's dQ kernel: S_j, dP_j and the previous dQ product waited for one by one (2, 1, 0 left
     in flight), and ptxas does not serialize the wgmmas."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(DKDV), "--report", "dq overlap 128x64 s3 w8"], capture_output=True,
-                       text=True, env=env, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    rep = json.loads(r.stdout.strip().splitlines()[-1])
+    rep = _backward_reports()["dq overlap 128x64 s3 w8"]
     assert rep["waits"].get("2") == 1 and rep["waits"].get("1") == 1, f"expected waits leaving 2, then 1: {rep}"
     assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dq: {rep}"

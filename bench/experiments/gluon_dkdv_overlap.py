@@ -697,15 +697,18 @@ def main():
                                                     "them, checked, then CS336's harness alternated with the table)")
     ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS), help="1: the first run's variants; 2: "
                                                                                  "the follow-up of round 1's best")
-    ap.add_argument("--report", default=None, help="no GPU: VARIANT; print its sm_90a waits and ptxas facts (D=64, "
-                                                   "causal) as JSON")
+    ap.add_argument("--report", default=None, help="no GPU: VARIANT[,VARIANT...] (dK/dV or dQ); print {variant: its "
+                                                   "sm_90a waits and ptxas facts} (D=64, causal) as JSON")
     args = ap.parse_args()
     if args.report:
         import json
 
         from gluon_fwd_overlap import wgmma_waits
-        ck = (compile_dq_sm90 if args.report in DQ_VARIANTS else compile_sm90)(args.report, 64, True)
-        print(json.dumps({"waits": wgmma_waits(ck.asm["ptx"]), **ptxas_report(ck.asm["ptx"])}))
+        out = {}
+        for name in args.report.split(","):
+            ck = (compile_dq_sm90 if name in DQ_VARIANTS else compile_sm90)(name, 64, True)
+            out[name] = {"waits": wgmma_waits(ck.asm["ptx"]), **ptxas_report(ck.asm["ptx"])}
+        print(json.dumps(out))
         return 0
     if args.aot_check:
         return aot_check()
