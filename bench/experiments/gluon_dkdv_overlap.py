@@ -517,7 +517,8 @@ def aot_check() -> int:
 # %% GPU ----------------------------------------------------------------------------------------------------
 
 def step06_parts(q, k, v, do, causal):
-    """Step 06's forward O and LSE, its preprocess's D, its dK/dV kernel's relaunch closure and its dK, dV."""
+    """Step 06's forward O and LSE, D = rowsum(dO * O), the relaunch closures of its backward's kernels by name
+    ("_bwd_dkdv_kernel", "_bwd_dq_kernel", ...) and its (dQ, dK, dV), dq_mode "separate"."""
     from triton_lb_variants import capture_launches
 
     from attnlib.loader import load_step
@@ -525,11 +526,10 @@ def step06_parts(q, k, v, do, causal):
     sc = q.shape[-1] ** -0.5
     o, lse = s5.forward(q, k, v, causal, sc)
     out = {}
-    launches = capture_launches(s6, lambda: out.setdefault("g", s6.backward(q, k, v, o, lse, do, causal, sc,
-                                                                             dq_mode="separate")))
-    kern = dict(launches)
+    launches = dict(capture_launches(s6, lambda: out.setdefault("g", s6.backward(q, k, v, o, lse, do, causal, sc,
+                                                                                  dq_mode="separate"))))
     delta = (do.float() * o.float()).sum(-1).contiguous()
-    return o, lse.contiguous(), delta, kern["_bwd_dkdv_kernel"], out["g"]
+    return o, lse.contiguous(), delta, launches, out["g"]
 
 
 def correctness(names) -> dict:
@@ -588,21 +588,6 @@ def combined_correctness(variant: str | None, dq_variant: str | None = None) -> 
     return {"rows": out, "ok": all(r["ok"] for r in out)}
 
 
-def dq_parts(q, k, v, do, causal):
-    """Step 06's O, LSE, D, its dQ kernel's relaunch closure and its dQ (dq_mode "separate")."""
-    from triton_lb_variants import capture_launches
-
-    from attnlib.loader import load_step
-    s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
-    sc = q.shape[-1] ** -0.5
-    o, lse = s5.forward(q, k, v, causal, sc)
-    out = {}
-    launches = dict(capture_launches(s6, lambda: out.setdefault("g", s6.backward(q, k, v, o, lse, do, causal, sc,
-                                                                                  dq_mode="separate"))))
-    delta = (do.float() * o.float()).sum(-1).contiguous()
-    return o, lse.contiguous(), delta, launches["_bwd_dq_kernel"], out["g"][0]
-
-
 def dq_correctness(names) -> dict:
     from attnlib.reference import reference_backward
     rows, wrong = [], 0
@@ -612,7 +597,7 @@ def dq_correctness(names) -> dict:
         g = torch.Generator(device="cpu").manual_seed(0)
         q, k, v, do = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(4))
         rdq = reference_backward(q, k, v, do, causal)[0]
-        o, lse, delta, _, dq6 = dq_parts(q, k, v, do, causal)
+        o, lse, delta, _, (dq6, _, _) = step06_parts(q, k, v, do, causal)
         base = float((dq6.double() - rdq).abs().max())
         case = f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'} {str(dt)[6:]}"
         for name in (names if dt == torch.bfloat16 else names[:1]):
@@ -635,7 +620,8 @@ def dq_timing(names) -> dict:
     for label, b, h, n, d, causal in (("leaderboard", 1, 16, 16384, 64, True), ("N4096 D64", 4, 32, 4096, 64, True),
                                       ("N4096 D64", 4, 32, 4096, 64, False), ("N4096 D128", 4, 16, 4096, 128, True)):
         q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        o, lse, delta, s6_dq, _ = dq_parts(q, k, v, do, causal)
+        o, lse, delta, launches, _ = step06_parts(q, k, v, do, causal)
+        s6_dq = launches["_bwd_dq_kernel"]
         row = {"shape": f"{label} B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
 
         def bench(fn):
@@ -661,7 +647,8 @@ def timing(names) -> dict:
                               ("N4096 D128", 4, 16, 4096, 128)):
         for causal in ((True,) if label == "leaderboard" else (True, False)):
             q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            o, lse, delta, s6_dkdv, _ = step06_parts(q, k, v, do, causal)
+            o, lse, delta, launches, _ = step06_parts(q, k, v, do, causal)
+            s6_dkdv = launches["_bwd_dkdv_kernel"]
             row = {"shape": f"{label} B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
 
             def bench(fn):
