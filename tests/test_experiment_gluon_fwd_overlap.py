@@ -65,7 +65,8 @@ DKDV = ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py"
 def _backward_reports():
     """gluon_dkdv_overlap.py --report for its dK/dV and dQ kernels, in one process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(DKDV), "--report", "overlap 64x32 s3 w4,dq overlap 128x64 s3 w8"],
+    r = subprocess.run([sys.executable, str(DKDV), "--report", "overlap 64x32 s3 w4,dq overlap 128x64 s3 w8,"
+                                                 "dq carry-seq 128x64 s3 w8"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -87,6 +88,18 @@ def test_dq_overlap_waits_one_product_at_a_time_unserialized():
     rep = _backward_reports()["dq overlap 128x64 s3 w8"]
     assert rep["waits"].get("2") == 1 and rep["waits"].get("1") == 1, f"expected waits leaving 2, then 1: {rep}"
     assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dq: {rep}"
+
+
+@pytest.mark.step06
+def test_dq_carry_fits_two_programs_an_sm_unserialized():
+    """The dQ kernel on step 06's own schedule (CARRY_DQ, dP after P): dQ's product left in flight across the back
+    edge (one ``wait_group 1`` in the loop) without ptxas serializing the wgmmas, in at most 128 registers a thread,
+    so that two 8-warp programs share an SM's 65536 registers as step 06's dQ kernel does (round 3's kernels took
+    139-149 and ran one to an SM)."""
+    rep = _backward_reports()["dq carry-seq 128x64 s3 w8"]
+    assert rep["waits"].get("1") == 1, f"expected one wait leaving dQ's product in flight: {rep}"
+    assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dq (CARRY_DQ): {rep}"
+    assert rep["regs"] <= 128, f"_gluon_dq (CARRY_DQ) takes {rep['regs']} registers: one 8-warp program an SM"
 
 
 class _FakeGluon:

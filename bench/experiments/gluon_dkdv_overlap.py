@@ -184,10 +184,17 @@ def _gluon_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, N, sm_scale
 @gluon.jit
 def _gluon_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, N, sm_scale, qk_scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+              IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr,
+              CARRY_DQ: gl.constexpr = False, DP_WITH_S: gl.constexpr = True):
     """dQ of one query tile, the forward's loop order: S_j = Q K_j^T, dP_j = dO V_j^T and dQ += dS_{j-1} K_{j-1}
     issued together; S_j waited for alone and P_j computed under dP_j and the dQ product, then dP_j, then dS_j.
-    Every product is waited for within its iteration (``_gluon_dkdv`` says why); dS_j is carried to the next."""
+    Every product is waited for within its iteration (``_gluon_dkdv`` says why); dS_j is carried to the next.
+
+    ``CARRY_DQ`` (round 4): Triton's own schedule for step 06's dQ loop (its TTGIR at the leaderboard's tiles), with
+    S_j and dP_j issued together: ``dQ += dS_j K_j`` is left in flight across the back edge and waited for with
+    S_{j+1}. Nothing else is carried, so the kernel fits 128 registers and two 8-warp programs share an SM, as
+    Triton's do; round 3's carried dS_j took 149 and one program had an SM alone. ``DP_WITH_S=False``: dP_j issued
+    after P_j is computed, as Triton's schedule has it (fewer live registers: no dP accumulator under the exp2)."""
     dtype: gl.constexpr = q_desc.dtype
     n_m = gl.cdiv(N, BLOCK_M)
     bh = gl.program_id(0)
@@ -237,50 +244,95 @@ def _gluon_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, N, sm_scale, qk_s
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
     mbarrier.wait(q_bar, phase=0)
 
-    # Tile 0: S_0, dP_0, dS_0 (no dQ product yet).
-    mbarrier.wait(ready.index(0), phase=0)
-    s_acc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    dp = warpgroup_mma(do_smem, v_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    s_acc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, dp))
-    p = gl.exp2(s_acc * qk_scale - lse2[:, None])
-    if IS_CAUSAL:
-        offs_n = gl.arange(0, BLOCK_N, layout=col_s)
-        p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
-    ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
-
-    for j in range(1, n_tiles):
-        st = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
-        s_acc = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dp = warpgroup_mma(do_smem, v_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dq = warpgroup_mma(ds_op, k_smem.index(prev), dq, is_async=True)
-        if OVERLAP:
-            s_acc = warpgroup_mma_wait(num_outstanding=2, deps=(s_acc,))
-        else:
-            s_acc, dp, dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, dp, dq, ds_op))
+    if CARRY_DQ:
+        # Tile 0, so that dQ enters the loop as a product in flight (the loop-carried value keeps its type).
+        mbarrier.wait(ready.index(0), phase=0)
+        s_acc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_smem, v_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
         p = gl.exp2(s_acc * qk_scale - lse2[:, None])
         if IS_CAUSAL:
-            if j * BLOCK_N + BLOCK_N > start_m:
-                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
-                p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
-        if OVERLAP:
-            dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
-        ds = p * (dp - delta[:, None])
-        if OVERLAP:
-            dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
-        ds_op = gl.convert_layout(ds.to(dtype), a_layout)
-        # K_{j-1}, V_{j-1} are read by nothing in flight now, in any warp: refill their buffer.
-        gl.thread_barrier()
-        nxt = j - 1 + STAGES
-        go = nxt < n_tiles
-        mbarrier.expect(ready.index(prev), kv_bytes, pred=go)
-        tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev), k_smem.index(prev), pred=go)
-        tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev), v_smem.index(prev), pred=go)
+            offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+            p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+        dq = warpgroup_mma(ds_op, k_smem.index(0), dq, is_async=True)
+        for j in range(1, n_tiles):
+            st = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
+            s_acc = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if DP_WITH_S:
+                dp = warpgroup_mma(do_smem, v_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+                # In flight, oldest first: dQ += dS_{j-1} K_{j-1}, S_j, dP_j. One left: dQ's product and S_j done.
+                s_acc, dq = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc, dq))
+            else:
+                s_acc, dq = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, dq))
+            # K_{j-1}, V_{j-1} are read by nothing in flight now, in any warp: refill their buffer.
+            gl.thread_barrier()
+            nxt = j - 1 + STAGES
+            go = nxt < n_tiles
+            mbarrier.expect(ready.index(prev), kv_bytes, pred=go)
+            tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev),
+                                            k_smem.index(prev), pred=go)
+            tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev),
+                                            v_smem.index(prev), pred=go)
+            p = gl.exp2(s_acc * qk_scale - lse2[:, None])
+            if IS_CAUSAL:
+                if j * BLOCK_N + BLOCK_N > start_m:
+                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                    p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+            if not DP_WITH_S:
+                dp = warpgroup_mma(do_smem, v_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+            ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
+            dq = warpgroup_mma(ds_op, k_smem.index(st), dq, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+    else:
+        # Tile 0: S_0, dP_0, dS_0 (no dQ product yet).
+        mbarrier.wait(ready.index(0), phase=0)
+        s_acc = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_smem, v_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_acc, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, dp))
+        p = gl.exp2(s_acc * qk_scale - lse2[:, None])
+        if IS_CAUSAL:
+            offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+            p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(dtype), a_layout)
 
-    last = (n_tiles - 1) % STAGES
-    dq = warpgroup_mma(ds_op, k_smem.index(last), dq, is_async=True)
-    dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        for j in range(1, n_tiles):
+            st = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
+            s_acc = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dp = warpgroup_mma(do_smem, v_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            dq = warpgroup_mma(ds_op, k_smem.index(prev), dq, is_async=True)
+            if OVERLAP:
+                s_acc = warpgroup_mma_wait(num_outstanding=2, deps=(s_acc,))
+            else:
+                s_acc, dp, dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc, dp, dq, ds_op))
+            p = gl.exp2(s_acc * qk_scale - lse2[:, None])
+            if IS_CAUSAL:
+                if j * BLOCK_N + BLOCK_N > start_m:
+                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                    p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+            if OVERLAP:
+                dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
+            ds = p * (dp - delta[:, None])
+            if OVERLAP:
+                dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+            ds_op = gl.convert_layout(ds.to(dtype), a_layout)
+            # K_{j-1}, V_{j-1} are read by nothing in flight now, in any warp: refill their buffer.
+            gl.thread_barrier()
+            nxt = j - 1 + STAGES
+            go = nxt < n_tiles
+            mbarrier.expect(ready.index(prev), kv_bytes, pred=go)
+            tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev), k_smem.index(prev), pred=go)
+            tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], ready.index(prev), v_smem.index(prev), pred=go)
+
+        last = (n_tiles - 1) % STAGES
+        dq = warpgroup_mma(ds_op, k_smem.index(last), dq, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
     mbarrier.invalidate(q_bar)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -309,7 +361,7 @@ VARIANTS = {
 ROUNDS = {1: list(VARIANTS)[:6],
           2: ["overlap 64x32 s3 w4 r128", "no-overlap 64x32 s3 w4 r128", "overlap 64x32 s4 w4 r128",
               "overlap 64x64 s3 w4", "no-overlap 64x64 s3 w4"],
-          3: []}                        # round 3: the dQ kernel (DQ_VARIANTS) and the harness, main() says how
+          3: [], 4: []}                 # rounds 3-4: the dQ kernel (DQ_ROUNDS) and the harness, main() says how
 ROUND2_BEST_DKDV = "overlap 64x32 s3 w4 r128"
 
 
@@ -352,8 +404,21 @@ DQ_VARIANTS = {
     "dq no-overlap 128x64 s3 w8": (128, 64, 3, 8, False, None),
     "dq overlap 64x64 s3 w4": (64, 64, 3, 4, True, None),
     "dq overlap 128x32 s4 w8": (128, 32, 4, 8, True, None),
+    # round 4 (--round 4): round 3's kernels took 139-149 registers a thread (one 8-warp program an SM, where
+    # step 06's dQ kernel takes 128 and two share it); capped at 128 they spill and ptxas serializes the wgmmas
+    # (--report). "carry" is step 06's own schedule in Gluon (the kernel's CARRY_DQ): nothing carried but dQ's product
+    "dq carry 128x64 s3 w8": (128, 64, 3, 8, "carry", None),
+    "dq carry 128x64 s2 w8": (128, 64, 2, 8, "carry", None),
+    "dq carry 128x64 s4 w8": (128, 64, 4, 8, "carry", None),
+    "dq carry 64x64 s3 w4": (64, 64, 3, 4, "carry", None),
+    "dq carry 128x32 s4 w8": (128, 32, 4, 8, "carry", None),
+    "dq carry-seq 128x64 s3 w8": (128, 64, 3, 8, "carry-seq", None),
+    "dq carry-seq 128x64 s2 w8": (128, 64, 2, 8, "carry-seq", None),
+    "dq carry-seq 128x64 s4 w8": (128, 64, 4, 8, "carry-seq", None),
 }
 
+DQ_ROUNDS = {3: [x for x in DQ_VARIANTS if not x.startswith("dq carry")],
+             4: [x for x in DQ_VARIANTS if x.startswith("dq carry")]}
 
 def descriptors(q, k, v, do, bm, bn):
     """TMA descriptors of the (B*H*N, D) views: Q and dO in (bm, D) boxes, K and V in (bn, D)."""
@@ -377,8 +442,11 @@ def dq_launch_args(q, k, v, do, lse, delta, causal, variant, dq=None):
     dq = torch.empty_like(q) if dq is None else dq
     grid = (B * H, N // bm)
     args = (q_desc, k_desc, v_desc, do_desc, lse, delta, dq, N, D ** -0.5, D ** -0.5 * LOG2E)
-    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal), OVERLAP=overlap,
-                  num_warps=warps)
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal),
+                  OVERLAP=overlap is True, num_warps=warps)
+    if overlap in ("carry", "carry-seq"):
+        kwargs["CARRY_DQ"] = True
+        kwargs["DP_WITH_S"] = overlap == "carry"
     if maxnreg:
         kwargs["maxnreg"] = maxnreg
     return grid, args, kwargs, dq
@@ -683,7 +751,9 @@ def main():
     ap.add_argument("--harness", default=None, help="DKDV_VARIANT[+DQ_VARIANT]: part (3) alone for them (step 06 with "
                                                     "them, checked, then CS336's harness alternated with the table)")
     ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS), help="1: the first run's variants; 2: "
-                                                                                 "the follow-up of round 1's best")
+                                                                                 "the follow-up of round 1's best; 3: "
+                                                                                 "the dQ kernel; 4: dQ, step 06's "
+                                                                                 "schedule (CARRY_DQ)")
     ap.add_argument("--report", default=None, help="no GPU: VARIANT[,VARIANT...] (dK/dV or dQ); print {variant: its "
                                                    "sm_90a waits and ptxas facts} (D=64, causal) as JSON")
     args = ap.parse_args()
@@ -718,16 +788,19 @@ def main():
         part3only()
         REC.save()
         return 0
-    if args.round == 3:
+    if args.round in DQ_ROUNDS:
         # The dQ kernel in Gluon, then CS336's harness with round 2's best dK/dV alone and with the best dQ.
+        REC.result["round"] = args.round
+        dq_round = DQ_ROUNDS[args.round]
+
         @REC.part("4 dQ kernel: correctness")
         def part4():
-            r = dq_correctness(list(DQ_VARIANTS))
+            r = dq_correctness(dq_round)
             REC.result["right_dq_variants"] = sorted({x["variant"] for x in r["rows"]} -
                                                      {x["variant"] for x in r["rows"] if not x["ok"]})
             return r
         part4()
-        dq_names = [x for x in DQ_VARIANTS if x in REC.result.get("right_dq_variants", [])]
+        dq_names = [x for x in dq_round if x in REC.result.get("right_dq_variants", [])]
 
         @REC.part("5 dQ kernel timing")
         def part5():
