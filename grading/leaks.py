@@ -92,6 +92,24 @@ def region_lines(text: str, suffix: str) -> list[tuple[int, str]]:
     return out
 
 
+def code_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of every line of a Python file but its comments, blank lines and docstrings (prose):
+    a solution-only file's secrets (attnlib.stubgen: it has no stub, so all its code is the solution's)."""
+    import ast
+    prose = set()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            prose.update(range(body[0].lineno, body[0].end_lineno + 1))
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if s and not s.startswith("#") and i not in prose:
+            out.append((i, s.split("  # ")[0].rstrip()))
+    return out
+
+
 def secrets(solutions: Path, library: Path = REPO / "attnlib") -> dict[str, Secret]:
     """normalized line -> Secret, for every solution line the student has not been given: it is not
     anywhere (hints included) in the stub of its step or an earlier one, nor in the course's library."""
@@ -108,6 +126,16 @@ def secrets(solutions: Path, library: Path = REPO / "attnlib") -> dict[str, Secr
         n = step_of(rel) or 0
         public = "\n".join([lib] + [x for m, lines in given.items() if m <= n for x in lines])
         for i, code in region_lines((solutions / rel).read_text(), Path(rel).suffix):
+            key = normalize(code)
+            if len(key) >= MIN_CHARS and key not in public:
+                out.setdefault(key, Secret(code, f"solutions/{rel}:{i}"))
+    # A solution-only file (no stub): every code line is the solution's, unless a stub of any step or the
+    # library has it too (an import, a shape unpacking).
+    public = "\n".join([lib] + [x for lines in given.values() for x in lines])
+    for rel in stubgen.solution_only_files(solutions):
+        if Path(rel).suffix != ".py":
+            continue
+        for i, code in code_lines((solutions / rel).read_text()):
             key = normalize(code)
             if len(key) >= MIN_CHARS and key not in public:
                 out.setdefault(key, Secret(code, f"solutions/{rel}:{i}"))

@@ -129,10 +129,15 @@ def present(step):
 
 
 def plant(spec: dict, dst: Path) -> Path:
-    """A folder shaped like steps/: the solutions, with one bug planted as ``spec`` says."""
+    """A folder shaped like steps/: the solutions as a student would hand them in (no SOLUTION-ONLY lines or
+    files: on a Hopper GPU step 06's solution would otherwise run its Gluon dK/dV kernel around a bug planted in
+    the Triton one), with one bug planted as ``spec`` says."""
+    from attnlib.stubgen import as_submitted
     dst.mkdir(parents=True)
     for p in (REPO / "solutions").glob("*.py"):
-        shutil.copyfile(p, dst / p.name)
+        text = as_submitted(p.read_text())
+        if text is not None:
+            (dst / p.name).write_text(text)
     path = dst / spec["file"]
     text = path.read_text()
     head, tail = "", text

@@ -46,8 +46,12 @@ class Record:
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self._log = open(self.out / f"{self.name}.log", "w")
+        # The experiments measure step 06's Triton kernels, as they did before its solution took a Gluon dK/dV
+        # kernel on Hopper (solutions/gluon_dkdv.py): off unless the run asks for it (ATTN_GLUON_DKDV=1).
+        os.environ.setdefault("ATTN_GLUON_DKDV", "0")
         meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
-                "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "ATTN_GLUON_DKDV": os.environ["ATTN_GLUON_DKDV"]}
         try:
             meta["git"] = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
                                          capture_output=True, text=True).stdout.strip()

@@ -1,0 +1,224 @@
+# SOLUTION-ONLY FILE: no stub (attnlib/stubgen.py); a whole dK/dV kernel would give step 06's regions away.
+"""Step 06's dK/dV kernel for Hopper, in Gluon: the solution's backward uses it on an sm_90 GPU where it applies.
+
+Notebook 06 §11 ("What Triton cannot write, Gluon can") teaches it. In Triton 3.6 every ``tl.dot`` of step 06's
+dK/dV loop is waited for right after it is issued, so the tensor cores idle while the exponentials run. Gluon
+(``triton.experimental.gluon``, in Triton 3.6) is Triton's lower layer: the kernel chooses its layouts, its TMA
+copies and mbarriers, and when to wait for each asynchronous warpgroup product (``warpgroup_mma(is_async=True)``).
+This kernel, per query tile i of a program's key tile (FlashAttention-3's order):
+
+    issue  S^T_i = K Q_i^T  and  dP^T_i = V dO_i^T
+    wait (1 left)  -> P^T_i = exp2(S^T_i - LSE)        while dP^T_i runs
+    issue  dV += P^T_i dO_i
+    wait (1 left)  -> dS^T_i = P^T_i (dP^T_i - D)      while dV runs
+    issue  dK += dS^T_i Q_i ;  wait (0 left) ; refill tile i's buffer (TMA)
+
+Measured (H200, bf16, ``bench/experiments/gluon_dkdv_overlap.py``, results/h200/triton/gluon_1202*/): against
+step 06's Triton dK/dV kernel at its table's tiles 1.05x at the CS336 leaderboard shape (2.268 ms against
+2.373-2.452), 1.02-1.11x at N=4096; the whole of step 06 in CS336's harness 5.065 ms against 5.174/5.181 on one
+H200 and 4.964 against 5.080/5.080 on another (rounds 3 and 4). Where it applies is where it was measured: D=64,
+fp16/bf16, self-attention (one shape for q, k, v and dO), contiguous (B, H, N, D), N a multiple of 128, and
+``dq_mode="separate"`` (the dK/dV kernel adds no dQ). Elsewhere, on other GPUs, and with ``ATTN_GLUON_DKDV=0`` in
+the environment, step 06 runs its Triton kernel. At D=128 the same kernel with 64x64 tiles was 1.06-1.25x step 06's
+dK/dV kernel alone (round 1), but step 06 adds dQ inside its D=128 causal dK/dV kernel there (``atomic_tma``):
+not compared, so not used.
+
+Your step 06 (``steps/``) does not call this file: its backward runs the Triton kernels you write, on every GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError as e:          # a Triton without Gluon: step 06 keeps its Triton kernel
+    from types import SimpleNamespace
+    gluon = SimpleNamespace(jit=lambda fn: fn)      # the kernel below is then never launched
+    GLUON_MISSING = f"{type(e).__name__}: {e}"
+else:
+    GLUON_MISSING = None
+
+LOG2E = 1.4426950408889634
+# (BLOCK_N keys a program, BLOCK_M queries a step, STAGES, num_warps, maxnreg) by head dim: round 2's best
+# ("overlap 64x32 s3 w4 r128"); the 128-register cap lets four programs share an SM, as step 06's own cap does.
+TILES = {64: (64, 32, 3, 4, 128)}
+LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
+
+
+def enabled() -> bool:
+    """False when ``ATTN_GLUON_DKDV=0`` is in the environment (step 06 then runs its Triton kernel everywhere)."""
+    return os.environ.get("ATTN_GLUON_DKDV", "1") != "0"
+
+
+def device_reason(q4) -> str | None:
+    """Why this Triton and ``q4``'s device cannot run the kernel, or None."""
+    if GLUON_MISSING:
+        return f"this Triton has no Gluon ({GLUON_MISSING})"
+    if not enabled():
+        return "ATTN_GLUON_DKDV=0"
+    if type(q4) is not torch.Tensor:
+        return "a tensor subclass (a compiler tracing): the Triton kernel is what it can see"
+    if not q4.is_cuda or torch.cuda.get_device_capability(q4.device)[0] != 9:
+        return "not a Hopper GPU (sm_90: warpgroup_mma and TMA as this kernel uses them)"
+    return None
+
+
+def shape_reason(q4, k4, v4, do4, dq_mode) -> str | None:
+    """Why the kernel does not cover these (B, H, N, D) views and ``dq_mode``, or None when it does."""
+    if dq_mode != "separate":
+        return f"dq_mode={dq_mode!r}: the Triton dK/dV kernel adds dQ there"
+    if not (q4.shape == k4.shape == v4.shape == do4.shape):
+        return "q, k, v and dO of different shapes"
+    if q4.dtype not in (torch.float16, torch.bfloat16) or len({t.dtype for t in (q4, k4, v4, do4)}) != 1:
+        return "not one 16-bit dtype"
+    B, H, N, D = q4.shape
+    if D not in TILES:
+        return f"D={D} (measured at D in {sorted(TILES)})"
+    if N % 128:
+        return f"N={N} is not a multiple of 128 (the kernel has no masks for partial tiles)"
+    if not all(t.is_contiguous() for t in (q4, k4, v4, do4)):
+        return "not contiguous (B, H, N, D)"
+    return None
+
+
+def not_covered(q4, k4, v4, do4, dq_mode) -> str | None:
+    """Why the Gluon kernel does not apply here, or None when it does."""
+    return device_reason(q4) or shape_reason(q4, k4, v4, do4, dq_mode)
+
+
+@gluon.jit
+def _gluon_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, N, sm_scale, qk_scale,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(0)                       # grid (B*H, key tiles): every head's tile before the next tile
+    pid = gl.program_id(1)                      # causal: key tile 0 sees every query, the heaviest, so it starts first
+    start_n = pid * BLOCK_N
+    row0 = bh * N
+
+    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])        # S^T, dP^T: (BN, BM)
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])       # dK, dV: (BN, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
+    row_t: gl.constexpr = gl.SliceLayout(1, t_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+
+    # Query tiles [lo, N): causal, the first tile holding a query >= start_n.
+    if IS_CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+    n_tiles = (N - lo) // BLOCK_M
+    qdo_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, 0], kv_bar, v_smem)
+    for s in gl.static_range(STAGES):
+        go = s < n_tiles
+        mbarrier.expect(ready.index(s), qdo_bytes, pred=go)
+        tma.async_copy_global_to_shared(q_desc, [row0 + lo + s * BLOCK_M, 0], ready.index(s), q_smem.index(s), pred=go)
+        tma.async_copy_global_to_shared(do_desc, [row0 + lo + s * BLOCK_M, 0], ready.index(s), do_smem.index(s), pred=go)
+
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=row_t)
+    zero_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=t_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=g_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=g_layout)
+    mbarrier.wait(kv_bar, phase=0)
+
+    for i in range(n_tiles):
+        buf = i % STAGES
+        start_m = lo + i * BLOCK_M
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_t)
+        lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
+        delta = gl.load(DELTA + row0 + offs_m)
+        mbarrier.wait(ready.index(buf), phase=(i // STAGES) & 1)
+        # S^T_i and dP^T_i issued together; then S^T_i waited for alone (OVERLAP) or both.
+        st = warpgroup_mma(k_smem, q_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_smem, do_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        if OVERLAP:
+            st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        else:
+            st, dpt = warpgroup_mma_wait(num_outstanding=0, deps=(st, dpt))
+        # P^T = exp2(S^T * scale*log2e - LSE*log2e), while dP^T_i is on the tensor cores (OVERLAP).
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if IS_CAUSAL:
+            if start_m < start_n + BLOCK_N:
+                pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
+        if OVERLAP:
+            dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
+        else:
+            dv, pt_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))
+        # dS^T = P^T (dP^T - D), while dV runs (OVERLAP).
+        dst = pt * (dpt - delta[None, :])
+        dst_op = gl.convert_layout(dst.to(dtype), a_layout)
+        dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
+        # Every product issued in this iteration is waited for in it: a product still in flight across the
+        # loop's back edge (the next tile's S^T issued here, dV and dK waited for next time) made ptxas
+        # serialize every wgmma of the kernel (its C7515 warning, seen in --aot-check): the loop-carried
+        # accumulators are copied by ordinary instructions there.
+        dk, dv, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, pt_op, dst_op))
+        # Tile i's buffer is read by nothing in flight now, in any warp: refill it with tile i + STAGES.
+        gl.thread_barrier()
+        nxt = i + STAGES
+        go = nxt < n_tiles
+        mbarrier.expect(ready.index(buf), qdo_bytes, pred=go)
+        tma.async_copy_global_to_shared(q_desc, [row0 + lo + nxt * BLOCK_M, 0], ready.index(buf),
+                                        q_smem.index(buf), pred=go)
+        tma.async_copy_global_to_shared(do_desc, [row0 + lo + nxt * BLOCK_M, 0], ready.index(buf),
+                                        do_smem.index(buf), pred=go)
+    mbarrier.invalidate(kv_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+
+    rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
+    gl.store(DK + off, (dk * sm_scale).to(dtype))
+    gl.store(DV + off, dv.to(dtype))
+
+
+def launch(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scale: float):
+    """dK and dV into ``dk4``, ``dv4`` (contiguous, like q4). ``lse``: the forward's natural-log LSE and ``delta``
+    rowsum(dO * O), both (B*H, N) float32 contiguous (step 06's preprocess makes delta)."""
+    B, H, N, D = q4.shape
+    bn, bm, stages, warps, maxnreg = TILES[D]
+    gdt = gl.bfloat16 if q4.dtype == torch.bfloat16 else gl.float16
+    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
+    descs = []
+    for t, box, lay in ((q4, bm, m_layout), (k4, bn, n_layout), (v4, bn, n_layout), (do4, bm, m_layout)):
+        t2 = t.view(B * H * N, D)
+        descs.append(TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [box, D], lay))
+    _gluon_dkdv[(B * H, N // bn)](*descs, lse, delta, dk4, dv4, N, scale, scale * LOG2E,
+                                  HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(is_causal),
+                                  OVERLAP=True, num_warps=warps, maxnreg=maxnreg)
+
+
+def launch_if_covered(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, dq_mode) -> bool:
+    """Step 06's hook: run the Gluon kernel and return True where it applies (``not_covered``), else False."""
+    global LAUNCHES
+    if not_covered(q4, k4, v4, do4, dq_mode) is not None or not (dk4.is_contiguous() and dv4.is_contiguous()):
+        return False
+    launch(q4, k4, v4, do4, lse.contiguous(), delta, dk4, dv4, is_causal, scale)
+    LAUNCHES += 1
+    return True

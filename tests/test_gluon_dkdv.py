@@ -1,0 +1,249 @@
+"""Step 06's Hopper path: the solution's backward hands dK/dV to its Gluon kernel (solutions/gluon_dkdv.py) on an
+sm_90 GPU where the kernel applies, and to its Triton kernel everywhere else.
+
+On a CPU: which inputs the kernel covers; the routing through step 06's ``backward`` with an exact stand-in for the
+kernel (every tensor where the kernel expects it, what it writes kept); the stub's step 06 has no such path; the
+kernel compiles for sm_90a as measured. On a Hopper GPU: the kernel runs, its gradients against float64 as the
+course checks every step, inside ``torch.compile`` as CS336 calls it, and the fallbacks.
+"""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported; conftest does the same
+
+import pytest  # noqa: E402
+
+from attnlib import make_dout, make_qkv  # noqa: E402
+from attnlib.checks import check_attention  # noqa: E402
+from attnlib.compare import assert_close  # noqa: E402
+from attnlib.loader import load_step  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = torch.cuda.is_available()
+HOPPER = GPU and torch.cuda.get_device_capability()[0] == 9
+pytestmark = [pytest.mark.step06,
+              pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]  # interpreter
+
+
+def _step06_and_gluon():
+    """Step 06's solution and the Gluon module it imports (the loader gives solutions/ a package name of its own)."""
+    import importlib
+    s6 = load_step(6, "solutions")
+    return s6, importlib.import_module(f"{s6.__package__}.gluon_dkdv")
+
+
+def _gluon():
+    return _step06_and_gluon()[1]
+
+
+@pytest.fixture(autouse=True)
+def _gluon_on(monkeypatch):
+    """The path as step 06 ships it, whatever the process's environment (an experiment's Record turns it off)."""
+    monkeypatch.setenv("ATTN_GLUON_DKDV", "1")
+
+
+def _views(shape, dtype=torch.float16, device="cpu"):
+    return [torch.empty(shape, dtype=dtype, device=device) for _ in range(4)]
+
+
+def test_covers_what_was_measured_and_nothing_else():
+    g = _gluon()
+    q = _views((2, 3, 256, 64))
+    assert g.shape_reason(*q, "separate") is None
+    assert g.shape_reason(*_views((2, 3, 256, 64), torch.bfloat16), "separate") is None
+    for views, mode, why in (
+            (q, "atomic", "dq_mode"), (q, "fused", "dq_mode"), (q, None, "dq_mode"),
+            (_views((2, 3, 1000, 64)), "separate", "multiple of 128"),
+            (_views((2, 3, 256, 128)), "separate", "D=128"),
+            (_views((2, 3, 256, 32)), "separate", "D=32"),
+            (_views((2, 3, 256, 64), torch.float32), "separate", "16-bit"),
+            (q[:1] + _views((2, 3, 512, 64))[1:], "separate", "different shapes"),
+            ([t.transpose(1, 2).contiguous().transpose(1, 2) for t in q], "separate", "contiguous")):
+        reason = g.shape_reason(*views, mode)
+        assert reason and why in reason, f"{why}: {reason}"
+    if not HOPPER:
+        assert "Hopper" in g.device_reason(q[0]) or "Gluon" in g.device_reason(q[0])
+
+
+class _ExactDkdv:
+    """Stands in for ``_gluon_dkdv`` on a CPU: ``kern[grid](...)`` writes the float64 reference's dK and dV, read
+    from the descriptors' tensors, where the kernel would; it records each launch's grid and options."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(q_desc, k_desc, v_desc, do_desc, lse, delta, dk, dv, n, sm_scale, qk_scale, **kw):
+            from attnlib.reference import reference_backward
+            BH, N = lse.shape
+            B, H, _, D = dk.shape
+            assert (B * H, N) == (BH, n) and delta.shape == lse.shape, (lse.shape, delta.shape, dk.shape, n)
+            assert abs(qk_scale - sm_scale * 1.4426950408889634) < 1e-12
+            q, k, v, do = (d.base.view(B, H, N, D) for d in (q_desc, k_desc, v_desc, do_desc))
+            with torch.enable_grad():                   # called from inside autograd's backward
+                _, rdk, rdv = reference_backward(q, k, v, do, kw["IS_CAUSAL"], scale=sm_scale)
+            dk.copy_(rdk)
+            dv.copy_(rdv)
+            self.launches.append((grid, kw))
+        return launch
+
+
+@pytest.mark.skipif(GPU, reason="the stand-in runs on a CPU")
+def test_step06_backward_routes_dkdv_through_the_hook(monkeypatch):
+    """Step 06's solution with the Gluon kernel replaced by an exact stand-in and the device check passed: its
+    backward launches it once on the inputs it covers, with the grid and tiles of ``TILES``, keeps what it writes
+    for dK and dV, and computes dQ with its own kernel (interpreted); inputs it does not cover never reach it."""
+    s6, g = _step06_and_gluon()
+    fake = _ExactDkdv()
+    monkeypatch.setattr(g, "_gluon_dkdv", fake)
+    monkeypatch.setattr(g, "device_reason", lambda q4: None)
+    for shape, causal in (((1, 2, 128, 64), True), ((2, 128, 64), False)):    # (B, H, N, D) and CS336's (H, N, D)
+        q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=64, batch_shape=shape[:-2], dtype=torch.float16, seed=1,
+                           requires_grad=True)
+        do = make_dout(q)
+        before = g.LAUNCHES
+        o = s6.attention(q, k, v, is_causal=causal)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        assert g.LAUNCHES == before + 1, "step 06's backward did not hand dK/dV to the Gluon kernel"
+        grid, kw = fake.launches[-1]
+        bn, bm, stages, warps, maxnreg = g.TILES[64]
+        bh = q.numel() // (shape[-2] * 64)
+        assert grid == (bh, shape[-2] // bn) and (kw["BLOCK_N"], kw["BLOCK_M"], kw["STAGES"]) == (bn, bm, stages)
+        assert (kw["num_warps"], kw["maxnreg"], kw["OVERLAP"], kw["IS_CAUSAL"]) == (warps, maxnreg, True, causal)
+        want = torch.autograd.grad(s6.attention(q, k, v, is_causal=causal, dq_mode="fused"), (q, k, v), do)
+        for name, a, b in zip(("dQ", "dK", "dV"), grads, want):
+            assert_close(a, b, name=f"{shape}: {name} with the stand-in", dtype=torch.float16)
+    before = len(fake.launches)
+    for shape, dtype in (((1, 2, 100, 64), torch.float16), ((1, 2, 128, 32), torch.float16),
+                         ((1, 2, 128, 64), torch.float32)):
+        q, k, v = make_qkv(Nq=shape[2], Nk=shape[2], D=shape[3], batch_shape=shape[:2], dtype=dtype, requires_grad=True)
+        torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), make_dout(q))
+    assert len(fake.launches) == before, "the Gluon kernel was handed inputs it does not cover"
+
+
+def test_stub_step06_has_no_gluon_path():
+    """The stub's step 06 runs the student's Triton kernel on every GPU: the solution's import of the Gluon hook is
+    SOLUTION-ONLY, and what stays is the hook that declines."""
+    from attnlib.stubgen import make_stub
+    sol = (ROOT / "solutions" / "step06_triton_bwd.py").read_text()
+    assert "import launch_if_covered as hopper_dkdv" in sol
+    stub = make_stub(sol, "step06_triton_bwd.py")
+    assert "gluon_dkdv import" not in stub, "the stub of step 06 imports the solution's Gluon kernel"
+    assert (ROOT / "steps" / "step06_triton_bwd.py").read_text() == stub, "steps/ is stale: `make stubs`"
+    ns = {}
+    start = stub.index("def hopper_dkdv(")
+    exec(stub[start:stub.index("\n\n\n", start)], ns)
+    assert ns["hopper_dkdv"](*[None] * 11) is False
+
+
+@functools.cache
+def _sm90_report():
+    """The kernel at ``TILES[64]`` compiled for sm_90a in a process without TRITON_INTERPRET (the experiment's
+    ``--report``, on its variant of the same tiles)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py"
+    r = subprocess.run([sys.executable, str(script), "--report", "overlap 64x32 s3 w4 r128"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])["overlap 64x32 s3 w4 r128"]
+
+
+def test_tiles_are_the_measured_variant_and_compile_unserialized():
+    """``TILES[64]`` is the variant the experiment measured best (round 2's), and at it the kernel keeps one product
+    in flight twice per iteration without ptxas serializing the wgmmas, in at most 128 registers."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gluon_dkdv_overlap_t",
+                                                  ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    bn, bm, stages, warps, overlap, maxnreg = mod.VARIANTS[mod.ROUND2_BEST_DKDV]
+    assert mod.ROUND2_BEST_DKDV == "overlap 64x32 s3 w4 r128" and overlap
+    assert _gluon().TILES[64] == (bn, bm, stages, warps, maxnreg)
+    rep = _sm90_report()
+    assert rep["waits"].get("1") == 2 and not rep["serialized"] and rep["regs"] <= 128, rep
+
+
+# %% On a Hopper GPU ------------------------------------------------------------------------------------------------
+
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on an sm_90 GPU (Hopper) only")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 1, 128, 64), (2, 3, 384, 64), (1, 4, 2048, 64), (3, 256, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_hopper_path_gradients(shape, is_causal, dtype):
+    """Step 06's solution on Hopper: the Gluon kernel runs (one launch a backward) and dQ, dK, dV pass the course's
+    float64 check, at one tile, at odd batch x heads, at many tiles, and on CS336's (H, N, D) tensors."""
+    s6, g = _step06_and_gluon()
+    q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=shape[-1], batch_shape=shape[:-2], dtype=dtype, device="cuda")
+    before = g.LAUNCHES
+    check_attention(s6.attention, q, k, v, is_causal=is_causal)
+    assert g.LAUNCHES > before, "step 06's backward did not run the Gluon kernel on Hopper"
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_hopper_path_inside_torch_compile():
+    """As CS336's leaderboard calls it: ``torch.compile(FlashAttention2.apply)``, (H, N, D) bf16, causal, and
+    ``o.sum().backward()`` (an expanded dO). The backward is an opaque operator, so the Gluon launch inside it runs."""
+    s6, g = _step06_and_gluon()
+    q, k, v = make_qkv(Nq=1024, Nk=1024, D=64, batch_shape=(4,), dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    f = torch.compile(s6.FlashAttentionTriton.apply)
+    before = g.LAUNCHES
+    f(q, k, v, True).sum().backward()
+    assert g.LAUNCHES > before, "the compiled step 06 did not run the Gluon kernel"
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    s6.attention(q, k, v, is_causal=True, dq_mode="fused").sum().backward()
+    for name, a, t in zip(("dQ", "dK", "dV"), got, (q, k, v)):
+        assert_close(a, t.grad, name=f"{name}, compiled Gluon path against step 06's fused kernel",
+                     dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_hopper_path_off_and_fallbacks(monkeypatch):
+    """``ATTN_GLUON_DKDV=0`` and the inputs the kernel does not cover take step 06's Triton kernel: no launch, and
+    the gradients still pass; with it on, the Gluon path gives dQ bitwise the Triton path's (same dQ kernel)."""
+    s6, g = _step06_and_gluon()
+    q, k, v = make_qkv(Nq=512, Nk=512, D=64, batch_shape=(2, 2), dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    do = make_dout(q)
+    on = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
+    monkeypatch.setenv("ATTN_GLUON_DKDV", "0")
+    before = g.LAUNCHES
+    off = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
+    assert g.LAUNCHES == before, "ATTN_GLUON_DKDV=0 did not turn the Gluon path off"
+    assert torch.equal(on[0], off[0]), "dQ differs between the Gluon and Triton dK/dV paths: it should not"
+    for name, a, b in zip(("dK", "dV"), on[1:], off[1:]):
+        assert_close(a, b, name=f"{name}: Gluon path against Triton path", dtype=torch.bfloat16)
+    monkeypatch.setenv("ATTN_GLUON_DKDV", "1")
+    for nq, d, dtype in ((1000, 64, torch.bfloat16), (512, 128, torch.bfloat16), (512, 64, torch.float32)):
+        q, k, v = make_qkv(Nq=nq, Nk=nq, D=d, batch_shape=(1, 2), dtype=dtype, device="cuda")
+        check_attention(s6.attention, q, k, v, is_causal=True)
+    assert g.LAUNCHES == before, "the Gluon kernel ran on inputs it does not cover"
+
+
+def test_kernel_is_not_given_to_students(tmp_path):
+    """solutions/gluon_dkdv.py has no stub (a whole dK/dV kernel would give step 06's regions away), and the release
+    gate treats its code as the solution's: a folder holding a copy of it leaks."""
+    import shutil
+
+    from attnlib import stubgen
+    from grading import leaks
+    assert "gluon_dkdv.py" in stubgen.solution_only_files()
+    assert "gluon_dkdv.py" not in stubgen.generate() and not (ROOT / "steps" / "gluon_dkdv.py").exists()
+    shutil.copy(ROOT / "solutions" / "gluon_dkdv.py", tmp_path / "notes.py")
+    found, _ = leaks.scan(tmp_path)
+    assert any("gluon_dkdv.py" in str(x) for x in found), "the release gate does not see the Gluon kernel's code"
