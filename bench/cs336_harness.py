@@ -92,10 +92,12 @@ def main():
     res["profile_compiled"] = kernel_table(compiled, "compiled")
     for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
         with sdpa_kernel([backend]):
-            torch._dynamo.reset()
-            # SDPA's fused backends take (B, H, N, D): CS336's (H, N, D) tensors get a batch dim of 1.
-            f = torch.compile(lambda q, k, v, c: F.scaled_dot_product_attention(q[None], k[None], v[None],
-                                                                                is_causal=c)[0])
+            # SDPA's fused backends take (B, H, N, D): CS336's (H, N, D) tensors get a batch dim of 1. Eager, as
+            # bench/gpu_check.py times it: compiled, the backend switch was not honored and the "cuDNN" row timed
+            # FLASH (7.14-7.16 ms both in every JSON this script wrote until 2026-12-02; a single aten call gains
+            # nothing from compiling).
+            def f(q, k, v, c):
+                return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=c)[0]
             try:
                 res[name] = bench(lambda: f(q, k, v, True).sum().backward(), args.rep, args.warmup)
             except Exception as err:  # noqa: BLE001
