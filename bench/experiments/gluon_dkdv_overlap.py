@@ -43,6 +43,13 @@ the harness passes (H, N, D) tensors where the check wanted four dims. Both are 
 and have not run on a GPU: the session's device time was spent. At 0.1 ms off the dK/dV kernel, CS336's
 harness would read about 5.05-5.06 ms on the machine that gave the table 5.16: the 5.0 ms needs the dQ kernel and
 the forward done the same way too.
+
+Rounds 3 and 4 (two H200s, 13:44 and 13:52 UTC; results/h200/triton/gluon_1202_r3/, gluon_1202_r4/). The harness:
+step 06 with the Gluon dK/dV kernel 5.065 ms against 5.174/5.181, and 4.964 against 5.080/5.080. So step 06's
+solution runs it on Hopper since (solutions/gluon_dkdv.py holds the kernel; this file imports it). The dQ kernel:
+no. Round 3 (dS carried, 139-149 registers: one 8-warp program an SM) 0.70-0.88x step 06's dQ at D=64; round 4 on
+Triton's own schedule (``CARRY_DQ``, 120 registers) 0.96-0.97x at the leaderboard shape, 1.05-1.07x at N=4096
+causal, 0.89-0.94x not causal.
 """
 
 from __future__ import annotations
