@@ -755,7 +755,10 @@ def test_a_run_cut_by_its_budget_still_writes_what_it_graded(tmp_path):
     shutil.copyfile(REPO / "solutions" / "step01_naive.py", sub / "step01_naive.py")
     shutil.copyfile(FIX / "hostile" / "infinite_loop" / "step01_naive.py", sub / "step03_sdpa.py")   # never returns
     shutil.copyfile(REPO / "solutions" / "step04_flash_torch.py", sub / "step04_flash_torch.py")
-    budget = 30
+    # Step 01 must be graded within budget - BUDGET_RESERVE_S - 5 s for step 03 to start. In `make gpu-check` four
+    # pytest groups share the H200 machine and step 01 took more than 10 s there (2026-12-02, fe7f0f9: step 03 "out
+    # of time" instead of "timed out"); on a CPU it takes a few seconds.
+    budget = 45 if torch.cuda.is_available() else 30
     t0 = time.monotonic()
     out, _ = run_cli("--impl", str(sub), "--step", "1,3,4", "--config", str(TEST_CONFIG), "--jobs", "1",
                      "--budget-s", str(budget), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache"))

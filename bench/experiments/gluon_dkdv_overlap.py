@@ -466,7 +466,9 @@ def ptxas_report(ptx: str) -> dict:
                            capture_output=True, text=True)
     mr = re.search(r"Used (\d+) registers", r.stderr)
     ms_ = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    return {"regs": int(mr.group(1)) if mr else None,
+    if r.returncode != 0 or mr is None:     # a report without ptxas's facts would let a test pass on nothing
+        raise RuntimeError(f"ptxas -v ({ptxas}) gave no register count (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    return {"regs": int(mr.group(1)),
             "spills": f"{ms_.group(1)}/{ms_.group(2)}" if ms_ else None,
             "serialized": "serialized" in r.stderr}
 
