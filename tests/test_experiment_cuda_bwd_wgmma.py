@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from bench.experiments import cuda_bwd_wgmma as bw
+from session_once import once_per_session
 
 pytestmark = pytest.mark.step07
 
@@ -38,10 +39,10 @@ def test_experiment_reads_the_course_solution():
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(tmp_path_factory):
     if shutil.which("nvcc") is None or bw.cuobjdump() is None:
         pytest.skip("needs nvcc and cuobjdump (the CUDA toolkit, or Triton's copy) to read the kernel's machine code")
-    rep = bw.compile_report()
+    rep = once_per_session(tmp_path_factory, "cuda_bwd_wgmma-report", bw.compile_report)   # not once a worker
     assert Path(rep["source"]) == bw.KERNEL_SOURCE
     return rep
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bench.experiments import cuda_v5
+from session_once import once_per_session
 
 pytestmark = pytest.mark.step07
 
@@ -38,10 +39,10 @@ def test_compile_report_reads_the_course_solution():
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(tmp_path_factory):
     if shutil.which("nvcc") is None or cuda_v5.cuobjdump() is None:
         pytest.skip("needs nvcc and cuobjdump (the CUDA toolkit, or Triton's copy) to read v5's machine code")
-    rep = cuda_v5.compile_report()
+    rep = once_per_session(tmp_path_factory, "cuda_v5-report", cuda_v5.compile_report)   # not once a worker
     assert Path(rep["source"]) == cuda_v5.V5_SOURCE
     return rep
 

@@ -17,17 +17,20 @@ import shutil
 import pytest
 
 from bench.experiments import cuda_v6
+from session_once import once_per_session
 
 pytestmark = pytest.mark.step07
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(tmp_path_factory):
     if shutil.which("nvcc") is None or cuda_v6.cuda_v5.cuobjdump() is None:
         pytest.skip("needs nvcc and cuobjdump (the CUDA toolkit, or Triton's copy) to read v6's machine code")
     assert "STUDENT_TODO;" not in cuda_v6.V6_SOURCE.read_text(), \
         "solutions/csrc/step07_fwd_v6.cu holds a STUDENT_TODO: the report would read a stub"
-    return cuda_v6.compile_report()
+    # Once a session: --dist worksteal split this file's tests over both workers in each of three runs
+    # (2026-12-02), and each compiled v6 (5-7 s each on 2 cores).
+    return once_per_session(tmp_path_factory, "cuda_v6-report", cuda_v6.compile_report)
 
 
 def test_v6_is_the_course_kernel():
