@@ -15,6 +15,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -55,6 +56,8 @@ def machine_info() -> dict:
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        # step 06's dK/dV on Hopper: its Gluon kernel unless "0" (solutions/gluon_dkdv.py)
+        "ATTN_GLUON_DKDV": os.environ.get("ATTN_GLUON_DKDV", "1"),
     }
     try:
         import triton
