@@ -110,7 +110,7 @@ def make_stub(text: str, rel: str, level: str = "guided") -> str:
         if not m:
             if close_re.match(line):
                 raise StubError(f"{rel}:{i + 1}: '<<< STUDENT' without an opening marker")
-            if line.rstrip().endswith(f"{cm} SOLUTION-ONLY"):
+            if is_solution_only_line(line, cm):
                 i += 1
                 continue
             out.append(line)
@@ -157,6 +157,11 @@ def _sha(text: str) -> str:
 SOLUTION_ONLY_FILE = "SOLUTION-ONLY FILE"
 
 
+def is_solution_only_line(line: str, cm: str = "#") -> bool:
+    """A line the stubs drop: it ends with ``# SOLUTION-ONLY`` (``//`` in C-like files)."""
+    return line.rstrip().endswith(f"{cm} SOLUTION-ONLY")
+
+
 def is_solution_only_file(text: str) -> bool:
     return SOLUTION_ONLY_FILE in text.split("\n", 1)[0]
 
@@ -174,7 +179,7 @@ def as_submitted(text: str, suffix: str = ".py") -> str | None:
     if is_solution_only_file(text):
         return None
     cm = "//" if suffix in C_LIKE else "#"
-    return "".join(x for x in text.splitlines(keepends=True) if not x.rstrip().endswith(f"{cm} SOLUTION-ONLY"))
+    return "".join(x for x in text.splitlines(keepends=True) if not is_solution_only_line(x, cm))
 
 
 def generate(solutions: Path = SOLUTIONS, level: str = "guided") -> dict[str, str]:

@@ -197,18 +197,26 @@ def _gluon_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, N, sm_scale
     gl.store(DV + off, dv.to(dtype))
 
 
+def descriptors(q, k, v, do, bm, bn):
+    """TMA descriptors of the (B*H*N, D) views of contiguous (B, H, N, D) tensors: Q and dO in (bm, D) boxes, K and
+    V in (bn, D)."""
+    B, H, N, D = q.shape
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
+    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    out = []
+    for t, box, lay in ((q, bm, m_layout), (k, bn, n_layout), (v, bn, n_layout), (do, bm, m_layout)):
+        t2 = t.view(B * H * N, D)
+        out.append(TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [box, D], lay))
+    return out
+
+
 def launch(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scale: float):
     """dK and dV into ``dk4``, ``dv4`` (contiguous, like q4). ``lse``: the forward's natural-log LSE and ``delta``
     rowsum(dO * O), both (B*H, N) float32 contiguous (step 06's preprocess makes delta)."""
     B, H, N, D = q4.shape
     bn, bm, stages, warps, maxnreg = TILES[D]
-    gdt = gl.bfloat16 if q4.dtype == torch.bfloat16 else gl.float16
-    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
-    descs = []
-    for t, box, lay in ((q4, bm, m_layout), (k4, bn, n_layout), (v4, bn, n_layout), (do4, bm, m_layout)):
-        t2 = t.view(B * H * N, D)
-        descs.append(TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [box, D], lay))
+    descs = descriptors(q4, k4, v4, do4, bm, bn)
     _gluon_dkdv[(B * H, N // bn)](*descs, lse, delta, dk4, dv4, N, scale, scale * LOG2E,
                                   HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(is_causal),
                                   OVERLAP=True, num_warps=warps, maxnreg=maxnreg)

@@ -4,6 +4,7 @@ does not serialize them, and the host refuses the inputs the kernels do not cove
 numbers are checked on the GPU, each experiment's part (1).)"""
 
 import functools
+import importlib
 import importlib.util
 import json
 import os
@@ -65,8 +66,8 @@ DKDV = ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py"
 def _backward_reports():
     """gluon_dkdv_overlap.py --report for its dK/dV and dQ kernels, in one process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(DKDV), "--report", "overlap 64x32 s3 w4,dq overlap 128x64 s3 w8,"
-                                                 "dq carry-seq 128x64 s3 w8"],
+    r = subprocess.run([sys.executable, str(DKDV), "--report", "overlap 64x32 s3 w4,overlap 64x32 s3 w4 r128,"
+                                                 "dq overlap 128x64 s3 w8,dq carry-seq 128x64 s3 w8"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -100,6 +101,25 @@ def test_dq_carry_fits_two_programs_an_sm_unserialized():
     assert rep["waits"].get("1") == 1, f"expected one wait leaving dQ's product in flight: {rep}"
     assert not rep["serialized"], f"ptxas serialized the wgmmas of _gluon_dq (CARRY_DQ): {rep}"
     assert rep["regs"] <= 128, f"_gluon_dq (CARRY_DQ) takes {rep['regs']} registers: one 8-warp program an SM"
+
+
+@pytest.mark.step06
+def test_step06_hopper_tiles_are_the_measured_variant_and_compile_unserialized():
+    """solutions/gluon_dkdv.py's ``TILES[64]`` (what step 06's solution launches on Hopper) is the variant the
+    experiment measured best (round 2's), and at it the kernel keeps one product in flight twice per iteration
+    without ptxas serializing the wgmmas, in at most 128 registers (four programs an SM)."""
+    from attnlib.loader import load_step
+    spec = importlib.util.spec_from_file_location("gluon_dkdv_overlap_tiles", DKDV)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(DKDV.parent))
+    spec.loader.exec_module(mod)
+    bn, bm, stages, warps, overlap, maxnreg = mod.VARIANTS[mod.ROUND2_BEST_DKDV]
+    assert mod.ROUND2_BEST_DKDV == "overlap 64x32 s3 w4 r128" and overlap is True
+    s6 = load_step(6, "solutions")
+    hopper = importlib.import_module(f"{s6.__package__}.gluon_dkdv")
+    assert hopper.TILES[64] == (bn, bm, stages, warps, maxnreg)
+    rep = _backward_reports()["overlap 64x32 s3 w4 r128"]
+    assert rep["waits"].get("1") == 2 and not rep["serialized"] and rep["regs"] <= 128, rep
 
 
 class _FakeGluon:

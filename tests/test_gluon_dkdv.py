@@ -3,15 +3,12 @@ sm_90 GPU where the kernel applies, and to its Triton kernel everywhere else.
 
 On a CPU: which inputs the kernel covers; the routing through step 06's ``backward`` with an exact stand-in for the
 kernel (every tensor where the kernel expects it, what it writes kept); the stub's step 06 has no such path; the
-kernel compiles for sm_90a as measured. On a Hopper GPU: the kernel runs, its gradients against float64 as the
+kernel's tiles and sm_90a compile are checked beside the experiment's (tests/test_experiment_gluon_fwd_overlap.py).
+On a Hopper GPU: the kernel runs, its gradients against float64 as the
 course checks every step, inside ``torch.compile`` as CS336 calls it, and the fallbacks.
 """
 
-import functools
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -142,33 +139,6 @@ def test_stub_step06_has_no_gluon_path():
     start = stub.index("def hopper_dkdv(")
     exec(stub[start:stub.index("\n\n\n", start)], ns)
     assert ns["hopper_dkdv"](*[None] * 11) is False
-
-
-@functools.cache
-def _sm90_report():
-    """The kernel at ``TILES[64]`` compiled for sm_90a in a process without TRITON_INTERPRET (the experiment's
-    ``--report``, on its variant of the same tiles)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py"
-    r = subprocess.run([sys.executable, str(script), "--report", "overlap 64x32 s3 w4 r128"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])["overlap 64x32 s3 w4 r128"]
-
-
-def test_tiles_are_the_measured_variant_and_compile_unserialized():
-    """``TILES[64]`` is the variant the experiment measured best (round 2's), and at it the kernel keeps one product
-    in flight twice per iteration without ptxas serializing the wgmmas, in at most 128 registers."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gluon_dkdv_overlap_t",
-                                                  ROOT / "bench" / "experiments" / "gluon_dkdv_overlap.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    bn, bm, stages, warps, overlap, maxnreg = mod.VARIANTS[mod.ROUND2_BEST_DKDV]
-    assert mod.ROUND2_BEST_DKDV == "overlap 64x32 s3 w4 r128" and overlap
-    assert _gluon().TILES[64] == (bn, bm, stages, warps, maxnreg)
-    rep = _sm90_report()
-    assert rep["waits"].get("1") == 2 and not rep["serialized"] and rep["regs"] <= 128, rep
 
 
 # %% On a Hopper GPU ------------------------------------------------------------------------------------------------

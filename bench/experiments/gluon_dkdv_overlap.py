@@ -77,7 +77,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from bench.experiments import gpu_run  # noqa: E402
-from solutions.gluon_dkdv import _gluon_dkdv  # noqa: E402
+from solutions.gluon_dkdv import _gluon_dkdv, descriptors  # noqa: E402
 
 REC = gpu_run.Record("gluon_dkdv_overlap")
 log = REC.log
@@ -327,19 +327,6 @@ DQ_VARIANTS = {
 
 DQ_ROUNDS = {3: [x for x in DQ_VARIANTS if not x.startswith("dq carry")],
              4: [x for x in DQ_VARIANTS if x.startswith("dq carry")]}
-
-def descriptors(q, k, v, do, bm, bn):
-    """TMA descriptors of the (B*H*N, D) views: Q and dO in (bm, D) boxes, K and V in (bn, D)."""
-    B, H, N, D = q.shape
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
-    n_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    out = []
-    for t, box, lay in ((q, bm, m_layout), (k, bn, n_layout), (v, bn, n_layout), (do, bm, m_layout)):
-        t2 = t.view(B * H * N, D)
-        out.append(TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [box, D], lay))
-    return out
-
 
 def dq_launch_args(q, k, v, do, lse, delta, causal, variant, dq=None):
     """(grid, args, kwargs, dq) of one ``_gluon_dq`` launch (tensors may be on the CPU: the compile report)."""
