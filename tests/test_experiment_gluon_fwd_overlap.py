@@ -109,10 +109,7 @@ def test_step06_hopper_tiles_are_the_measured_variant_and_compile_unserialized()
     experiment measured best (round 2's), and at it the kernel keeps one product in flight twice per iteration
     without ptxas serializing the wgmmas, in at most 128 registers (four programs an SM)."""
     from attnlib.loader import load_step
-    spec = importlib.util.spec_from_file_location("gluon_dkdv_overlap_tiles", DKDV)
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(DKDV.parent))
-    spec.loader.exec_module(mod)
+    mod = _dkdv_experiment()
     bn, bm, stages, warps, overlap, maxnreg = mod.VARIANTS[mod.ROUND2_BEST_DKDV]
     assert mod.ROUND2_BEST_DKDV == "overlap 64x32 s3 w4 r128" and overlap is True
     s6 = load_step(6, "solutions")
@@ -120,6 +117,37 @@ def test_step06_hopper_tiles_are_the_measured_variant_and_compile_unserialized()
     assert hopper.TILES[64] == (bn, bm, stages, warps, maxnreg)
     rep = _backward_reports()["overlap 64x32 s3 w4 r128"]
     assert rep["waits"].get("1") == 2 and not rep["serialized"] and rep["regs"] <= 128, rep
+
+
+@functools.cache
+def _dkdv_experiment():
+    spec = importlib.util.spec_from_file_location("gluon_dkdv_overlap_tiles", DKDV)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(DKDV.parent))
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.step06
+def test_ptxas_report_uses_the_ptxas_triton_compiles_with(monkeypatch, tmp_path):
+    """The register reports run the ptxas Triton chose, which wrote the PTX's ``.version``: torch's Inductor points
+    TRITON_PTXAS_PATH at torch/bin/ptxas (CUDA 13 wheels), and on the H200 at 6f691db the bundled 12.8 ptxas refused
+    that PTX 9.0 in every report. Here a newer ptxas on PATH stands in for torch's."""
+    import shutil
+    from triton import knobs
+    from triton.backends.nvidia.compiler import ptx_get_version
+    newer = shutil.which("ptxas")
+    bundled = knobs.nvidia.ptxas
+    if newer is None:
+        pytest.skip("no ptxas on PATH to stand in for torch/bin/ptxas")
+    monkeypatch.setenv("TRITON_PTXAS_PATH", newer)
+    chosen = knobs.nvidia.ptxas
+    if chosen.version == bundled.version:
+        pytest.skip(f"the ptxas on PATH is Triton's own version ({chosen.version}): nothing to tell apart")
+    v = ptx_get_version(chosen.version)
+    ptx = f".version {v // 10}.{v % 10}\n.target sm_90a\n.address_size 64\n.visible .entry k()\n{{\n\tret;\n}}\n"
+    rep = _dkdv_experiment().ptxas_report(ptx)
+    assert isinstance(rep["regs"], int), rep
 
 
 class _FakeGluon:

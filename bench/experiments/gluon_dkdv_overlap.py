@@ -445,11 +445,13 @@ def compile_sm90(variant: str, d: int, causal: bool):
 
 def ptxas_report(ptx: str) -> dict:
     """ptxas -v on ``ptx`` for sm_90a: registers, spills, and whether ptxas serialized the wgmmas (C7515)."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    ptxas = gpu_run.triton_tool("ptxas")      # the one that chose the PTX version, not the bundled one
+    if ptxas is None:
+        raise RuntimeError("Triton found no ptxas (knobs.nvidia.ptxas)")
     with tempfile.TemporaryDirectory() as tmp:
         p = Path(tmp) / "k.ptx"
         p.write_text(ptx)
-        r = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", str(p), "-o", str(p) + ".o"],
+        r = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(p), "-o", str(p) + ".o"],
                            capture_output=True, text=True)
     mr = re.search(r"Used (\d+) registers", r.stderr)
     ms_ = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)

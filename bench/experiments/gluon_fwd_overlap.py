@@ -370,7 +370,7 @@ def wgmma_waits(ptx: str) -> dict:
 def aot_check() -> int:
     """Compile every variant for sm_90a without a GPU (D 64/128, causal and not): registers, spills, shared
     memory, and whether the main loop keeps a product in flight (``wgmma.wait_group.sync.aligned 1`` in PTX)."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    ptxas = gpu_run.triton_tool("ptxas")      # the one that chose the PTX version, not the bundled one
     failures = 0
     print(f"{'variant':<26}{'D':>4} {'mask':<7}{'regs':>5}{'spill':>8}{'smem':>7}  waits in PTX (pendings: count)")
     for name in VARIANTS:
@@ -380,11 +380,11 @@ def aot_check() -> int:
                     ck = compile_sm90(name, d, causal)
                     ptx = ck.asm["ptx"]
                     regs, spill = "?", "?"
-                    if ptxas.exists():
+                    if ptxas:
                         with tempfile.TemporaryDirectory() as tmp:
                             p = Path(tmp) / "k.ptx"
                             p.write_text(ptx)
-                            r = subprocess.run([str(ptxas), "-v", "--gpu-name=sm_90a", str(p), "-o", str(p) + ".o"],
+                            r = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(p), "-o", str(p) + ".o"],
                                                capture_output=True, text=True)
                             mr = re.search(r"Used (\d+) registers", r.stderr)
                             ms_ = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)

@@ -5,7 +5,7 @@ compute-sanitizer over the script's own ``--sanitize-child`` mode, and the loop 
 against the reference (``check_cases``). The Triton experiments that change one piece of a step's kernels
 share two more: ``rebuild`` (a step's function over other globals, so a variant reuses the step's own code)
 and ``cs336_harness`` (CS336's leaderboard harness with step 06's backward replaced, alternated with the
-table, the SM clock and power of each run).
+table, the SM clock and power of each run). The compile reports (no GPU needed) share ``triton_tool``.
 
     REC = gpu_run.Record("cuda_v6")          # module level; RESULT = REC.result, log = REC.log, ...
     REC.open(args.out, REPO)                 # in main(), on the GPU
@@ -26,6 +26,18 @@ import traceback
 import types
 from datetime import datetime
 from pathlib import Path
+
+
+def triton_tool(name: str) -> str | None:
+    """The ``ptxas`` / ``cuobjdump`` Triton itself compiles with, or None: its knobs honour TRITON_PTXAS_PATH,
+    which torch's Inductor sets to torch/bin/ptxas where a CUDA 13 wheel ships one. Triton writes the PTX
+    version of the ptxas it uses, so another ptxas can refuse it: at 6f691db on the H200 the PTX said 9.0 (torch's
+    ptxas 13.0) and Triton's bundled 12.8 ptxas answered "Unsupported .version 9.0", and every register report failed."""
+    from triton import knobs
+    try:
+        return getattr(knobs.nvidia, name).path
+    except (AttributeError, RuntimeError):
+        return None
 
 
 class Record:

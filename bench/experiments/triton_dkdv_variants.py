@@ -484,9 +484,7 @@ SM90_SMEM = 233472                     # shared memory per SM, bytes (228 KB); a
 SM90_WARPS = 64
 
 
-def _triton_tool(name):
-    p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-    return str(p) if p.exists() else None
+from bench.experiments.gpu_run import triton_tool as _triton_tool  # noqa: E402  (the ptxas Triton compiles with)
 
 
 def loop_schedule(ttgir):

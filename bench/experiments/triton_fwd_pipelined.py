@@ -471,9 +471,7 @@ def sass_loops(sass):
 SM90_REGS, SM90_SMEM, SM90_WARPS = 65536, 233472, 64
 
 
-def _triton_tool(name):
-    p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-    return str(p) if p.exists() else None
+from bench.experiments.gpu_run import triton_tool as _triton_tool  # noqa: E402  (the ptxas Triton compiles with)
 
 
 def aot_compile(kernel, grid, args, kwargs, capability=90):
