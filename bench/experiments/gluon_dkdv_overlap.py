@@ -269,7 +269,8 @@ VARIANTS = {
 ROUNDS = {1: list(VARIANTS)[:6],
           2: ["overlap 64x32 s3 w4 r128", "no-overlap 64x32 s3 w4 r128", "overlap 64x32 s4 w4 r128",
               "overlap 64x64 s3 w4", "no-overlap 64x64 s3 w4"],
-          3: [], 4: []}                 # rounds 3-4: the dQ kernel (DQ_ROUNDS) and the harness, main() says how
+          3: [], 4: [],                 # rounds 3-4: the dQ kernel (DQ_ROUNDS) and the harness, main() says how
+          5: ["overlap 64x64 s2 w4", "overlap 128x64 s2 w8"]}   # round 5: D=128, step 06's whole backward (below)
 ROUND2_BEST_DKDV = "overlap 64x32 s3 w4 r128"
 
 
@@ -528,15 +529,15 @@ def correctness(names) -> dict:
     return {"rows": rows, "wrong": wrong}
 
 
-def combined_correctness(variant: str | None, dq_variant: str | None = None) -> dict:
+def combined_correctness(variant: str | None, dq_variant: str | None = None, d: int = 64) -> dict:
     """Step 06's backward with the Gluon dK/dV kernel (and dQ kernel): dQ bitwise step 06's when its kernel is step
-    06's, every gradient as close to float64 as step 06's (the leaderboard's dtype and mask, two sizes)."""
+    06's, every gradient as close to float64 as step 06's (the leaderboard's dtype and mask, two sizes, head dim d)."""
     from attnlib.loader import load_step
     from attnlib.reference import reference_backward
     s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
     bwd = step06_with_gluon_dkdv(variant, dq_variant)
     out = []
-    for (b, h, n, d) in ((1, 4, 2048, 64), (2, 2, 1024, 64)):
+    for (b, h, n) in ((1, 4, 2048), (2, 2, 1024)):
         g = torch.Generator(device="cpu").manual_seed(1)
         q, k, v, do = (torch.randn(b, h, n, d, generator=g).to("cuda", torch.bfloat16) for _ in range(4))
         sc = d ** -0.5
@@ -643,6 +644,45 @@ def timing(names) -> dict:
     return {"rows": len(rows)}
 
 
+def d128_backward(names) -> dict:
+    """Round 5: at D=128 step 06 adds dQ inside its dK/dV kernel where it is causal and N >= 4096 (``atomic_tma``),
+    a second pass elsewhere. Does step 06's backward with a Gluon dK/dV kernel and its own dQ pass ("separate") beat
+    it as it ships? FlashAttention's grid at D=128 (B = 16384/N, H = 16), N 2048-16384, causal and not, bf16: step
+    06's whole backward, do_bench median (rep 200 ms), as shipped, each Gluon variant, as shipped again."""
+    from attnlib.loader import load_step
+    s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
+    rows, bwds = [], {name: step06_with_gluon_dkdv(name) for name in names}
+    for n in (2048, 4096, 8192, 16384):
+        for causal in (True, False):
+            b, h, d = 16384 // n, 16, 128
+            q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            sc = d ** -0.5
+            o, lse = s5.forward(q, k, v, causal, sc)
+            mode = s6.bwd_config(n, n, d, q.dtype, causal, "cuda", b * h)["dq_mode"]
+            row = {"shape": f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "shipped_dq_mode": mode, "ms": {}}
+
+            def bench(fn):
+                fn()
+                return round(float(triton.testing.do_bench(fn, rep=200)), 4)
+            row["ms"]["step06"] = bench(lambda: s6.backward(q, k, v, o, lse, do, causal, sc))
+            for name in names:
+                try:
+                    row["ms"][name] = bench(lambda: bwds[name](q, k, v, o, lse, do, causal, sc))
+                except Exception as ex:  # noqa: BLE001
+                    row["ms"][name] = f"{type(ex).__name__}: {str(ex)[:200]}"
+            row["ms"]["step06 again"] = bench(lambda: s6.backward(q, k, v, o, lse, do, causal, sc))
+            base = min(row["ms"]["step06"], row["ms"]["step06 again"])
+            row["vs_step06"] = {x: round(base / t, 3) for x, t in row["ms"].items()
+                                if isinstance(t, float) and not x.startswith("step06")}
+            rows.append(row)
+            log(f"  {row['shape']:<26} ({mode:<10}) " + "  ".join(
+                f"{x} {t if isinstance(t, str) else f'{t:.3f}'}" for x, t in row["ms"].items()))
+            log(f"  {'':39} x step 06: " + "  ".join(f"{x} {r:.3f}" for x, r in row["vs_step06"].items()))
+            REC.result["d128_rows"] = rows
+            REC.save()
+    return {"rows": len(rows)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
@@ -653,7 +693,8 @@ def main():
     ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS), help="1: the first run's variants; 2: "
                                                                                  "the follow-up of round 1's best; 3: "
                                                                                  "the dQ kernel; 4: dQ, step 06's "
-                                                                                 "schedule (CARRY_DQ)")
+                                                                                 "schedule (CARRY_DQ); 5: D=128, step 06's "
+                                                                                 "whole backward")
     ap.add_argument("--report", default=None, help="no GPU: VARIANT[,VARIANT...] (dK/dV or dQ); print {variant: its "
                                                    "sm_90a waits and ptxas facts} (D=64, causal) as JSON")
     args = ap.parse_args()
@@ -690,6 +731,23 @@ def main():
                                       args.harness_rep_ms, 10 ** 9, T0)
             return {"best": args.harness, "combined": c, **r}
         part3only()
+        REC.save()
+        return 0
+    if args.round == 5:
+        REC.result["round"] = 5
+
+        @REC.part("7 D=128: step 06's backward with a Gluon dK/dV kernel and its dQ pass, checked")
+        def part7():
+            out = {name: combined_correctness(name, d=128) for name in ROUNDS[5]}
+            REC.result["right_variants"] = [x for x, c in out.items() if c["ok"]]
+            return {"ok": all(c["ok"] for c in out.values()), "checks": out}
+        part7()
+
+        @REC.part("8 D=128: step 06's backward timed, FlashAttention's grid, against step 06 as shipped")
+        def part8():
+            return d128_backward(REC.result.get("right_variants", []))
+        if REC.result.get("right_variants"):
+            part8()
         REC.save()
         return 0
     if args.round in DQ_ROUNDS:
