@@ -658,7 +658,7 @@ LEDGER = [
      [("bwd", best["separate"], best["fused"], "lb_variants", "best tiles of each, 2026-11-30")]),
     ("warp specialization", "no", "tl.range(..., warp_specialize=True): loads and math on separate warps",
      []),
-    ("Gluon: dK/dV overlapped", "yes: Hopper", "Gluon (Triton 3.6): dP^T under the exponentials, dV under dS^T",
+    ("Gluon: dK/dV overlapped", "yes: Hopper", "Gluon (Triton 3.6): dP^T under the exponentials, dV under dS^T (D 64, 128)",
      [gluon_row("dkdv", "1202", "overlap 64x32 s3 w4 r128"), gluon_row("dkdv", "1202_r2", "overlap 64x32 s3 w4 r128"),
       gluon_row("dkdv", "1202_r2", "overlap 64x32 s3 w4 r128", against="no-overlap 64x32 s3 w4 r128")]),
     ("Gluon: forward overlapped", "no", "Gluon: the softmax of S_j under P_{j-1} V_{j-1} (FA-3's intra-warpgroup order)",
@@ -882,10 +882,24 @@ for rnd in ("1202_r3", "1202_r4"):
 
 # %% [markdown]
 # About 2% off the whole step, in the harness that matters: so the solution of this step now hands dK/dV to the
-# Gluon kernel on a Hopper GPU, where it was measured (D = 64, 16-bit, self-attention, N a multiple of 128;
+# Gluon kernel on a Hopper GPU, where it was measured (16-bit, self-attention, N a multiple of 128;
 # `solutions/gluon_dkdv.py`, `hopper_dkdv` in the step; `ATTN_GLUON_DKDV=0` turns it off). Your step 06 keeps your
 # Triton kernel on every GPU, and the grader grades that. What 5.0 ms still needs is less work, not only faster
 # work: the dQ pass recomputes `S` and `dP`, and at the power limit that costs twice.
+#
+# At D = 128 the question was different: where it is causal and N >= 4096, this step adds dQ inside its dK/dV
+# kernel (`atomic_tma`, above), so the Gluon kernel, which computes no dQ, must also pay for a second dQ pass.
+# Round 5 timed the whole backward both ways on FlashAttention's grid (one H200, `gluon_d128_1202/`):
+
+# %%
+for r in load("gluon_d128_1202/gluon_dkdv_overlap")["d128_rows"]:
+    print(f"{r['shape']:22s} step 06 as it was ({r['shipped_dq_mode']:10s}) {min(r['ms']['step06'], r['ms']['step06 again']):6.3f} ms"
+          f"   Gluon 64x64 + dQ pass x{r['vs_step06']['overlap 64x64 s2 w4']:.3f}")
+
+# %% [markdown]
+# The Gluon kernel and a second pass win everywhere, by 1.5-3.7% where they replace `atomic_tma` and up to 10% where
+# the step already ran two passes: so at D = 128 the solution takes them too, and prefers `"separate"` to its table's
+# `atomic_tma` where the Gluon kernel takes the inputs (`hopper_dkdv_takes`).
 
 # %% [markdown]
 # ## References

@@ -16,12 +16,14 @@ This kernel, per query tile i of a program's key tile (FlashAttention-3's order)
 Measured (H200, bf16, ``bench/experiments/gluon_dkdv_overlap.py``, results/h200/triton/gluon_1202*/): against
 step 06's Triton dK/dV kernel at its table's tiles 1.05x at the CS336 leaderboard shape (2.268 ms against
 2.373-2.452), 1.02-1.11x at N=4096; the whole of step 06 in CS336's harness 5.065 ms against 5.174/5.181 on one
-H200 and 4.964 against 5.080/5.080 on another (rounds 3 and 4). Where it applies is where it was measured: D=64,
-fp16/bf16, self-attention (one shape for q, k, v and dO), contiguous (B, H, N, D), N a multiple of 128, and
-``dq_mode="separate"`` (the dK/dV kernel adds no dQ). Elsewhere, on other GPUs, and with ``ATTN_GLUON_DKDV=0`` in
-the environment, step 06 runs its Triton kernel. At D=128 the same kernel with 64x64 tiles was 1.06-1.25x step 06's
-dK/dV kernel alone (round 1), but step 06 adds dQ inside its D=128 causal dK/dV kernel there (``atomic_tma``):
-not compared, so not used.
+H200 and 4.964 against 5.080/5.080 on another (rounds 3 and 4). At D=128, with 64x64 tiles and two stages, step
+06's whole backward with it and a second dQ pass ran 1.01-1.10x step 06's as it was, FlashAttention's grid N
+2048-16384, causal and not, including where step 06 had added dQ inside its dK/dV kernel (``atomic_tma``, causal N
+>= 4096: 1.015-1.037x) (round 5, results/h200/triton/gluon_d128_1202/). Where it applies is where it was
+measured: D 64 or 128, fp16/bf16, self-attention (one shape for q, k, v and dO), contiguous (B, H, N, D), N a
+multiple of 128, and ``dq_mode="separate"`` (the dK/dV kernel adds no dQ; step 06 takes that mode instead of its
+table's ``atomic_tma`` where the kernel ``takes`` the inputs). Elsewhere, on other GPUs, and with
+``ATTN_GLUON_DKDV=0`` in the environment, step 06 runs its Triton kernel.
 
 Your step 06 (``steps/``) does not call this file: its backward runs the Triton kernels you write, on every GPU.
 """
@@ -45,9 +47,11 @@ else:
     GLUON_MISSING = None
 
 LOG2E = 1.4426950408889634
-# (BLOCK_N keys a program, BLOCK_M queries a step, STAGES, num_warps, maxnreg) by head dim: round 2's best
+# (BLOCK_N keys a program, BLOCK_M queries a step, STAGES, num_warps, maxnreg) by head dim. D=64: round 2's best
 # ("overlap 64x32 s3 w4 r128"); the 128-register cap lets four programs share an SM, as step 06's own cap does.
-TILES = {64: (64, 32, 3, 4, 128)}
+# D=128: round 1's and round 5's best ("overlap 64x64 s2 w4", no cap: 255 registers and 56 bytes spilled a thread
+# with ptxas 12.8, as measured; three stages spilled more and ran 0.75-0.92x step 06's kernel in round 2).
+TILES = {64: (64, 32, 3, 4, 128), 128: (64, 64, 2, 4, None)}
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
 
 
@@ -90,6 +94,11 @@ def shape_reason(q4, k4, v4, do4, dq_mode) -> str | None:
 def not_covered(q4, k4, v4, do4, dq_mode) -> str | None:
     """Why the Gluon kernel does not apply here, or None when it does."""
     return device_reason(q4) or shape_reason(q4, k4, v4, do4, dq_mode)
+
+
+def takes(q4, k4, v4, do4) -> bool:
+    """Whether the kernel runs on these inputs with ``dq_mode="separate"`` (step 06 then prefers that mode)."""
+    return not_covered(q4, k4, v4, do4, "separate") is None
 
 
 @gluon.jit
@@ -217,9 +226,10 @@ def launch(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scale: float)
     B, H, N, D = q4.shape
     bn, bm, stages, warps, maxnreg = TILES[D]
     descs = descriptors(q4, k4, v4, do4, bm, bn)
+    cap = {"maxnreg": maxnreg} if maxnreg else {}
     _gluon_dkdv[(B * H, N // bn)](*descs, lse, delta, dk4, dv4, N, scale, scale * LOG2E,
                                   HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(is_causal),
-                                  OVERLAP=True, num_warps=warps, maxnreg=maxnreg)
+                                  OVERLAP=True, num_warps=warps, **cap)
 
 
 def launch_if_covered(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, dq_mode) -> bool:

@@ -84,12 +84,13 @@ at D=128 for N >= 2048 (``tma_by_default``), and dQ's reduce-add is TMA's at D=1
 FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64 forward
 (results/h200/triton/fwd_tma.json).
 
-On Hopper the course's solution hands dK/dV to a Gluon kernel where it applies (D=64, 16-bit,
-self-attention, N a multiple of 128, dq_mode "separate"; ``hopper_dkdv``): its four products are
-issued asynchronously and waited for one at a time, so dP^T and dV run under the exponentials
-(notebook 06 §11; 1.05x this dK/dV kernel at the leaderboard shape, CS336's harness 5.17 -> 5.06
-and 5.08 -> 4.96 ms on two H200s). ``ATTN_GLUON_DKDV=0`` turns it off. Your step 06 runs the
-Triton kernel you write, on every GPU.
+On Hopper the course's solution hands dK/dV to a Gluon kernel where it applies (D 64 or 128,
+16-bit, self-attention, N a multiple of 128, dq_mode "separate"; ``hopper_dkdv``): its four
+products are issued asynchronously and waited for one at a time, so dP^T and dV run under the
+exponentials (notebook 06 §11; 1.05x this dK/dV kernel at the leaderboard shape, CS336's harness
+5.17 -> 5.06 and 5.08 -> 4.96 ms on two H200s; at D=128 the backward 1.01-1.10x, so there it is
+preferred to the table's "atomic_tma", ``hopper_dkdv_takes``). ``ATTN_GLUON_DKDV=0`` turns it
+off. Your step 06 runs the Triton kernel you write, on every GPU.
 """
 
 import warnings
@@ -112,6 +113,12 @@ def hopper_dkdv(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, dq_mode
     """Where ``backward`` may hand dK/dV to another kernel: here none (False), so your Triton kernel runs on every
     GPU. The course's solution puts a Gluon kernel for Hopper here: notebook 06 §11 shows how it keeps its matrix
     products in flight under the exponentials and what that gains in CS336's harness."""
+    return False
+
+
+def hopper_dkdv_takes(q4, k4, v4, do4) -> bool:
+    """Whether ``hopper_dkdv`` would take these inputs with dq_mode "separate" (``backward`` then prefers that mode
+    to its table's "atomic_tma"): here never."""
     return False
 
 
@@ -560,8 +567,11 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     bd = _pow2_dim(d)
     cfg = config or bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
     if dq_mode is None and cfg["dq_mode"] == "atomic_tma" and (
-            torch.are_deterministic_algorithms_enabled() or tma_dq_unsupported(q)):
-        dq_mode = "separate"        # the table's choice, where it cannot run or must not (not asked for by name)
+            torch.are_deterministic_algorithms_enabled() or tma_dq_unsupported(q)
+            or hopper_dkdv_takes(q4, k4, v4, do4)):
+        # The table's choice (not asked for by name), where it cannot run, must not, or where a dK/dV kernel
+        # for Hopper and a second dQ pass are faster (D=128 causal N >= 4096: 1.015-1.037x on an H200).
+        dq_mode = "separate"
     dq_mode = dq_mode or cfg["dq_mode"]
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")

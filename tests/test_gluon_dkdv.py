@@ -56,10 +56,11 @@ def test_covers_what_was_measured_and_nothing_else():
     q = _views((2, 3, 256, 64))
     assert g.shape_reason(*q, "separate") is None
     assert g.shape_reason(*_views((2, 3, 256, 64), torch.bfloat16), "separate") is None
+    assert g.shape_reason(*_views((1, 2, 4096, 128), torch.bfloat16), "separate") is None
     for views, mode, why in (
             (q, "atomic", "dq_mode"), (q, "fused", "dq_mode"), (q, None, "dq_mode"),
             (_views((2, 3, 1000, 64)), "separate", "multiple of 128"),
-            (_views((2, 3, 256, 128)), "separate", "D=128"),
+            (_views((2, 3, 256, 256)), "separate", "D=256"),
             (_views((2, 3, 256, 32)), "separate", "D=32"),
             (_views((2, 3, 256, 64), torch.float32), "separate", "16-bit"),
             (q[:1] + _views((2, 3, 512, 64))[1:], "separate", "different shapes"),
@@ -139,6 +140,9 @@ def test_stub_step06_has_no_gluon_path():
     start = stub.index("def hopper_dkdv(")
     exec(stub[start:stub.index("\n\n\n", start)], ns)
     assert ns["hopper_dkdv"](*[None] * 11) is False
+    start = stub.index("def hopper_dkdv_takes(")
+    exec(stub[start:stub.index("\n\n\n", start)], ns)
+    assert ns["hopper_dkdv_takes"](*[None] * 4) is False
 
 
 # %% On a Hopper GPU ------------------------------------------------------------------------------------------------
@@ -150,11 +154,13 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on a
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(1, 1, 128, 64), (2, 3, 384, 64), (1, 4, 2048, 64), (3, 256, 64)],
+@pytest.mark.parametrize("shape", [(1, 1, 128, 64), (2, 3, 384, 64), (1, 4, 2048, 64), (3, 256, 64),
+                                   (2, 3, 384, 128), (1, 2, 4096, 128)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_hopper_path_gradients(shape, is_causal, dtype):
     """Step 06's solution on Hopper: the Gluon kernel runs (one launch a backward) and dQ, dK, dV pass the course's
-    float64 check, at one tile, at odd batch x heads, at many tiles, and on CS336's (H, N, D) tensors."""
+    float64 check, at one tile, at odd batch x heads, at many tiles, on CS336's (H, N, D) tensors, and at D=128
+    (causal N=4096: where step 06's table says "atomic_tma" and the path takes "separate" instead)."""
     s6, g = _step06_and_gluon()
     q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=shape[-1], batch_shape=shape[:-2], dtype=dtype, device="cuda")
     before = g.LAUNCHES
@@ -199,10 +205,36 @@ def test_hopper_path_off_and_fallbacks(monkeypatch):
     for name, a, b in zip(("dK", "dV"), on[1:], off[1:]):
         assert_close(a, b, name=f"{name}: Gluon path against Triton path", dtype=torch.bfloat16)
     monkeypatch.setenv("ATTN_GLUON_DKDV", "1")
-    for nq, d, dtype in ((1000, 64, torch.bfloat16), (512, 128, torch.bfloat16), (512, 64, torch.float32)):
+    for nq, d, dtype in ((1000, 64, torch.bfloat16), (512, 32, torch.bfloat16), (512, 64, torch.float32)):
         q, k, v = make_qkv(Nq=nq, Nk=nq, D=d, batch_shape=(1, 2), dtype=dtype, device="cuda")
         check_attention(s6.attention, q, k, v, is_causal=True)
     assert g.LAUNCHES == before, "the Gluon kernel ran on inputs it does not cover"
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_hopper_path_takes_separate_over_the_tables_atomic_tma(monkeypatch):
+    """D=128, causal, N=4096: step 06's table says ``atomic_tma`` (dQ added inside the Triton dK/dV kernel). On Hopper
+    with the path on, the backward takes "separate" with the Gluon kernel instead (round 5 measured it faster): one
+    launch, dQ bitwise the second pass's. Off, the table's ``atomic_tma`` runs (no launch), and so does it when asked
+    for by name."""
+    s6, g = _step06_and_gluon()
+    q, k, v = make_qkv(Nq=4096, Nk=4096, D=128, batch_shape=(1, 2), dtype=torch.bfloat16, device="cuda",
+                       requires_grad=True)
+    do = make_dout(q)
+    assert s6.bwd_config(4096, 4096, 128, q.dtype, True, "cuda", 2)["dq_mode"] == "atomic_tma"
+    before = g.LAUNCHES
+    on = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
+    assert g.LAUNCHES == before + 1, "the table's atomic_tma ran where the Gluon path takes the inputs"
+    sep = torch.autograd.grad(s6.attention(q, k, v, is_causal=True, dq_mode="separate"), (q, k, v), do)
+    assert torch.equal(on[0], sep[0]), "dQ with the Gluon path is not the second pass's"
+    before = g.LAUNCHES
+    s6.attention(q, k, v, is_causal=True, dq_mode="atomic_tma").sum().backward()
+    monkeypatch.setenv("ATTN_GLUON_DKDV", "0")
+    off = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
+    assert g.LAUNCHES == before, "the Gluon kernel ran with dq_mode='atomic_tma' asked for, or with the path off"
+    for name, a, b in zip(("dQ", "dK", "dV"), on, off):
+        assert_close(a, b, name=f"{name}: Gluon path + second pass against atomic_tma", dtype=torch.bfloat16)
 
 
 def test_kernel_is_not_given_to_students(tmp_path):

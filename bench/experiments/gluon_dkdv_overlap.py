@@ -50,6 +50,14 @@ solution runs it on Hopper since (solutions/gluon_dkdv.py holds the kernel; this
 no. Round 3 (dS carried, 139-149 registers: one 8-warp program an SM) 0.70-0.88x step 06's dQ at D=64; round 4 on
 Triton's own schedule (``CARRY_DQ``, 120 registers) 0.96-0.97x at the leaderboard shape, 1.05-1.07x at N=4096
 causal, 0.89-0.94x not causal.
+
+Round 5 (``--round 5``; one H200, 2026-12-02 16:13 UTC, 4f22270; results/h200/triton/gluon_d128_1202/). At D=128 step
+06 added dQ inside its dK/dV kernel where causal and N >= 4096 (``atomic_tma``). Step 06's whole backward with the
+Gluon dK/dV kernel and its own second dQ pass, against step 06 as it was, FlashAttention's grid (B = 16384/N, H = 16,
+bf16), do_bench median: 64x64 tiles, two stages, 4 warps **1.010-1.103x** at every shape (causal N >= 4096, against
+atomic_tma, 1.015-1.037x; full N=16384 1.103x); 128x64 w8 0.97-1.03x. Gradients equal to step 06's errors against
+float64, dQ bitwise. So step 06's solution takes it at D=128 too (``TILES[128]``), and prefers the second pass to
+its table's atomic_tma where the kernel takes the inputs.
 """
 
 from __future__ import annotations
@@ -272,6 +280,7 @@ ROUNDS = {1: list(VARIANTS)[:6],
           3: [], 4: [],                 # rounds 3-4: the dQ kernel (DQ_ROUNDS) and the harness, main() says how
           5: ["overlap 64x64 s2 w4", "overlap 128x64 s2 w8"]}   # round 5: D=128, step 06's whole backward (below)
 ROUND2_BEST_DKDV = "overlap 64x32 s3 w4 r128"
+ROUND5_BEST_D128 = "overlap 64x64 s2 w4"      # D=128: step 06's whole backward 1.01-1.10x (round 5)
 
 
 def check_inputs(q, k, v, do):
@@ -696,7 +705,8 @@ def main():
                                                                                  "schedule (CARRY_DQ); 5: D=128, step 06's "
                                                                                  "whole backward")
     ap.add_argument("--report", default=None, help="no GPU: VARIANT[,VARIANT...] (dK/dV or dQ); print {variant: its "
-                                                   "sm_90a waits and ptxas facts} (D=64, causal) as JSON")
+                                                   "sm_90a waits and ptxas facts} (D=64, causal; VARIANT@128 at "
+                                                   "D=128) as JSON")
     args = ap.parse_args()
     # "step06" and "table" here are step 06's Triton kernels, as in rounds 1-4: since then step 06's solution runs
     # the Gluon dK/dV kernel on Hopper (solutions/gluon_dkdv.py), which this switch turns off (gpu_run.Record does
@@ -708,7 +718,8 @@ def main():
         from gluon_fwd_overlap import wgmma_waits
         out = {}
         for name in args.report.split(","):
-            ck = (compile_dq_sm90 if name in DQ_VARIANTS else compile_sm90)(name, 64, True)
+            variant, _, d = name.partition("@")           # "VARIANT@128": at D=128 (D=64 otherwise)
+            ck = (compile_dq_sm90 if variant in DQ_VARIANTS else compile_sm90)(variant, int(d or 64), True)
             out[name] = {"waits": wgmma_waits(ck.asm["ptx"]), **ptxas_report(ck.asm["ptx"])}
         print(json.dumps(out))
         return 0
