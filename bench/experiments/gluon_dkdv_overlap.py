@@ -278,7 +278,8 @@ ROUNDS = {1: list(VARIANTS)[:6],
           2: ["overlap 64x32 s3 w4 r128", "no-overlap 64x32 s3 w4 r128", "overlap 64x32 s4 w4 r128",
               "overlap 64x64 s3 w4", "no-overlap 64x64 s3 w4"],
           3: [], 4: [],                 # rounds 3-4: the dQ kernel (DQ_ROUNDS) and the harness, main() says how
-          5: ["overlap 64x64 s2 w4", "overlap 128x64 s2 w8"]}   # round 5: D=128, step 06's whole backward (below)
+          5: ["overlap 64x64 s2 w4", "overlap 128x64 s2 w8"],   # round 5: D=128, step 06's whole backward (below)
+          6: []}                        # round 6: step 06 as shipped, its Hopper path on and off, short N (below)
 ROUND2_BEST_DKDV = "overlap 64x32 s3 w4 r128"
 ROUND5_BEST_D128 = "overlap 64x64 s2 w4"      # D=128: step 06's whole backward 1.01-1.10x (round 5)
 
@@ -692,6 +693,39 @@ def d128_backward(names) -> dict:
     return {"rows": len(rows)}
 
 
+def short_n_on_off() -> dict:
+    """Round 6: the grid of 16:16 UTC (results/h200/grid_1202b/) read step 06's fwd+bwd at D=64, N <= 1024, 0.78-0.97x
+    the grid of 00:02 (another H200, before the Hopper path), where N >= 2048 read 1.01-1.08x. Is it the path? Step
+    06's backward as shipped, ``ATTN_GLUON_DKDV`` off / on / off / on, FlashAttention's grid shapes (B = 16384/N,
+    H = 2048/D) N 512-4096, D 64 and 128, causal and not, bf16, do_bench median (rep 200 ms)."""
+    from attnlib.loader import load_step
+    s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
+    rows = []
+    for d in (64, 128):
+        for n in (512, 1024, 2048, 4096):
+            for causal in (False, True):
+                b, h = 16384 // n, 2048 // d
+                q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                sc = d ** -0.5
+                o, lse = s5.forward(q, k, v, causal, sc)
+                row = {"shape": f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
+                for i, on in enumerate(("0", "1", "0", "1")):
+                    os.environ["ATTN_GLUON_DKDV"] = on
+                    fn = lambda: s6.backward(q, k, v, o, lse, do, causal, sc)  # noqa: E731
+                    fn()
+                    row["ms"][f"{'on' if on == '1' else 'off'} {i // 2 + 1}"] = round(
+                        float(triton.testing.do_bench(fn, rep=200)), 4)
+                os.environ["ATTN_GLUON_DKDV"] = "0"
+                ms = row["ms"]
+                row["on_over_off"] = round(min(ms["off 1"], ms["off 2"]) / min(ms["on 1"], ms["on 2"]), 3)
+                rows.append(row)
+                log(f"  {row['shape']:<26} " + "  ".join(f"{x} {y:.4f}" for x, y in ms.items()) +
+                    f"   off/on x{row['on_over_off']:.3f}")
+                REC.result["short_n_rows"] = rows
+                REC.save()
+    return {"rows": len(rows)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
@@ -742,6 +776,15 @@ def main():
                                       args.harness_rep_ms, 10 ** 9, T0)
             return {"best": args.harness, "combined": c, **r}
         part3only()
+        REC.save()
+        return 0
+    if args.round == 6:
+        REC.result["round"] = 6
+
+        @REC.part("9 short N: step 06's backward, its Hopper path off and on")
+        def part9():
+            return short_n_on_off()
+        part9()
         REC.save()
         return 0
     if args.round == 5:
