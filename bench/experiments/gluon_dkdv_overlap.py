@@ -58,6 +58,12 @@ bf16), do_bench median: 64x64 tiles, two stages, 4 warps **1.010-1.103x** at eve
 atomic_tma, 1.015-1.037x; full N=16384 1.103x); 128x64 w8 0.97-1.03x. Gradients equal to step 06's errors against
 float64, dQ bitwise. So step 06's solution takes it at D=128 too (``TILES[128]``), and prefers the second pass to
 its table's atomic_tma where the kernel takes the inputs.
+
+Round 6 (``--round 6``; one H200, 2026-12-02 16:20 UTC, af54856; results/h200/triton/gluon_short_n_1202/). The grid
+after that change (results/h200/grid_1202b/) read D=64 N <= 1024 slower than the grid before the path. Step 06's
+backward as shipped, the path off / on / off / on: not causal it loses or ties below N=4096 (D=64: 0.945, 0.960,
+0.999 for N 512, 1024, 2048; D=128: 0.992, 0.928, 0.992), 1.03-1.06x at N=4096; causal 0.988-1.080x. The same
+backward timed twice differs by up to 7% at these sizes.
 """
 
 from __future__ import annotations
