@@ -51,8 +51,9 @@ no. Round 3 (dS carried, 139-149 registers: one 8-warp program an SM) 0.70-0.88x
 Triton's own schedule (``CARRY_DQ``, 120 registers) 0.96-0.97x at the leaderboard shape, 1.05-1.07x at N=4096
 causal, 0.89-0.94x not causal.
 
-Round 5 (``--round 5``; one H200, 2026-12-02 16:02 UTC, 4f22270 (the JSON says 6f691db, the device's .git); results/h200/triton/gluon_d128_1202/). At D=128 step
-06 added dQ inside its dK/dV kernel where causal and N >= 4096 (``atomic_tma``). Step 06's whole backward with the
+Round 5 (``--round 5``; one H200, 2026-12-02 16:02 UTC, 4f22270 (the JSON says 6f691db, the device's .git);
+results/h200/triton/gluon_d128_1202/). At D=128 step 06 added dQ inside its dK/dV kernel where causal and N >= 4096
+(``atomic_tma``). Step 06's whole backward with the
 Gluon dK/dV kernel and its own second dQ pass, against step 06 as it was, FlashAttention's grid (B = 16384/N, H = 16,
 bf16), do_bench median: 64x64 tiles, two stages, 4 warps **1.010-1.103x** at every shape (causal N >= 4096, against
 atomic_tma, 1.015-1.037x; full N=16384 1.103x); 128x64 w8 0.97-1.03x. Gradients equal to step 06's errors against
