@@ -502,6 +502,12 @@ def aot_check() -> int:
 
 # %% GPU ----------------------------------------------------------------------------------------------------
 
+def median_ms(fn, rep: int) -> float:
+    """``fn`` once (compile, warm), then do_bench's median over ``rep`` ms, in ms to four places."""
+    fn()
+    return round(float(triton.testing.do_bench(fn, rep=rep)), 4)
+
+
 def step06_parts(q, k, v, do, causal):
     """Step 06's forward O and LSE, D = rowsum(dO * O), the relaunch closures of its backward's kernels by name
     ("_bwd_dkdv_kernel", "_bwd_dq_kernel", ...) and its (dQ, dK, dV), dq_mode "separate"."""
@@ -610,13 +616,10 @@ def dq_timing(names) -> dict:
         s6_dq = launches["_bwd_dq_kernel"]
         row = {"shape": f"{label} B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
 
-        def bench(fn):
-            fn()
-            return round(float(triton.testing.do_bench(fn, rep=300)), 4)
-        row["ms"]["step06 dQ"] = bench(s6_dq)
+        row["ms"]["step06 dQ"] = median_ms(s6_dq, 300)
         for name in names:
-            row["ms"][name] = bench(lambda: dq_gluon(q, k, v, do, lse, delta, causal, name))
-        row["ms"]["step06 dQ again"] = bench(s6_dq)
+            row["ms"][name] = median_ms(lambda: dq_gluon(q, k, v, do, lse, delta, causal, name), 300)
+        row["ms"]["step06 dQ again"] = median_ms(s6_dq, 300)
         s6 = min(row["ms"]["step06 dQ"], row["ms"]["step06 dQ again"])
         row["vs_step06"] = {x: round(s6 / t, 3) for x, t in row["ms"].items() if not x.startswith("step06")}
         rows.append(row)
@@ -637,16 +640,13 @@ def timing(names) -> dict:
             s6_dkdv = launches["_bwd_dkdv_kernel"]
             row = {"shape": f"{label} B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
 
-            def bench(fn):
-                fn()
-                return round(float(triton.testing.do_bench(fn, rep=300)), 4)
-            row["ms"]["step06 dK/dV"] = bench(s6_dkdv)
+            row["ms"]["step06 dK/dV"] = median_ms(s6_dkdv, 300)
             for name in names:
                 try:
-                    row["ms"][name] = bench(lambda: dkdv(q, k, v, do, lse, delta, causal, name))
+                    row["ms"][name] = median_ms(lambda: dkdv(q, k, v, do, lse, delta, causal, name), 300)
                 except Exception as ex:  # noqa: BLE001
                     row["ms"][name] = f"{type(ex).__name__}: {str(ex)[:200]}"
-            row["ms"]["step06 dK/dV again"] = bench(s6_dkdv)
+            row["ms"]["step06 dK/dV again"] = median_ms(s6_dkdv, 300)
             s6 = min(row["ms"]["step06 dK/dV"], row["ms"]["step06 dK/dV again"])
             flops = 4 * 2.0 * b * h * n * n * d / (2 if causal else 1)
             row["tflops"] = {x: round(flops / t / 1e9, 1) for x, t in row["ms"].items() if isinstance(t, float)}
@@ -678,16 +678,13 @@ def d128_backward(names) -> dict:
             mode = s6.bwd_config(n, n, d, q.dtype, causal, "cuda", b * h)["dq_mode"]
             row = {"shape": f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "shipped_dq_mode": mode, "ms": {}}
 
-            def bench(fn):
-                fn()
-                return round(float(triton.testing.do_bench(fn, rep=200)), 4)
-            row["ms"]["step06"] = bench(lambda: s6.backward(q, k, v, o, lse, do, causal, sc))
+            row["ms"]["step06"] = median_ms(lambda: s6.backward(q, k, v, o, lse, do, causal, sc), 200)
             for name in names:
                 try:
-                    row["ms"][name] = bench(lambda: bwds[name](q, k, v, o, lse, do, causal, sc))
+                    row["ms"][name] = median_ms(lambda: bwds[name](q, k, v, o, lse, do, causal, sc), 200)
                 except Exception as ex:  # noqa: BLE001
                     row["ms"][name] = f"{type(ex).__name__}: {str(ex)[:200]}"
-            row["ms"]["step06 again"] = bench(lambda: s6.backward(q, k, v, o, lse, do, causal, sc))
+            row["ms"]["step06 again"] = median_ms(lambda: s6.backward(q, k, v, o, lse, do, causal, sc), 200)
             base = min(row["ms"]["step06"], row["ms"]["step06 again"])
             row["vs_step06"] = {x: round(base / t, 3) for x, t in row["ms"].items()
                                 if isinstance(t, float) and not x.startswith("step06")}
@@ -718,10 +715,8 @@ def short_n_on_off() -> dict:
                 row = {"shape": f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "ms": {}}
                 for i, on in enumerate(("0", "1", "0", "1")):
                     os.environ["ATTN_GLUON_DKDV"] = on
-                    fn = lambda: s6.backward(q, k, v, o, lse, do, causal, sc)  # noqa: E731
-                    fn()
-                    row["ms"][f"{'on' if on == '1' else 'off'} {i // 2 + 1}"] = round(
-                        float(triton.testing.do_bench(fn, rep=200)), 4)
+                    row["ms"][f"{'on' if on == '1' else 'off'} {i // 2 + 1}"] = median_ms(
+                        lambda: s6.backward(q, k, v, o, lse, do, causal, sc), 200)
                 os.environ["ATTN_GLUON_DKDV"] = "0"
                 ms = row["ms"]
                 row["on_over_off"] = round(min(ms["off 1"], ms["off 2"]) / min(ms["on 1"], ms["on 2"]), 3)
