@@ -900,6 +900,19 @@ for r in load("gluon_d128_1202/gluon_dkdv_overlap")["d128_rows"]:
 # The Gluon kernel and a second pass win everywhere, by 1.5-3.7% where they replace `atomic_tma` and up to 10% where
 # the step already ran two passes: so at D = 128 the solution takes them too, and prefers `"separate"` to its table's
 # `atomic_tma` where the Gluon kernel takes the inputs (`hopper_dkdv_takes`).
+#
+# Below N = 4096 the grid's rows were less clear, so round 6 timed step 06's whole backward with the path off and on,
+# alternated twice on one H200 (`gluon_short_n_1202/`, D = 64 and 128, N 512-4096):
+
+# %%
+for r in load("gluon_short_n_1202/gluon_dkdv_overlap")["short_n_rows"]:
+    print(f"{r['shape']:26s} on/off x{r['on_over_off']:.3f}   " + "  ".join(f"{k} {v:.3f}" for k, v in r["ms"].items()))
+
+# %% [markdown]
+# Without a causal mask the path lost or tied below N = 4096: the kernel's gain on a short loop is less than what a
+# launch with four TMA descriptors costs. With one, every key tile's loop is shorter still, yet it tied or won (the
+# heavy early key tiles start first). So the path starts at N = 4096 without a causal mask (`FULL_MIN_LEN`) and has
+# no floor with one. Differences under 3% here are within what the same shape read twice.
 
 # %% [markdown]
 # ## References

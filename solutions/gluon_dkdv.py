@@ -21,8 +21,9 @@ H200 and 4.964 against 5.080/5.080 on another (rounds 3 and 4). At D=128, with 6
 2048-16384, causal and not, including where step 06 had added dQ inside its dK/dV kernel (``atomic_tma``, causal N
 >= 4096: 1.015-1.037x) (round 5, results/h200/triton/gluon_d128_1202/). Where it applies is where it was
 measured: D 64 or 128, fp16/bf16, self-attention (one shape for q, k, v and dO), contiguous (B, H, N, D), N a
-multiple of 128, and ``dq_mode="separate"`` (the dK/dV kernel adds no dQ; step 06 takes that mode instead of its
-table's ``atomic_tma`` where the kernel ``takes`` the inputs). Elsewhere, on other GPUs, and with
+multiple of 128 and, without a causal mask, at least ``FULL_MIN_LEN`` = 4096 (round 6), and ``dq_mode="separate"``
+(the dK/dV kernel adds no dQ; step 06 takes that mode instead of its table's ``atomic_tma`` where the kernel
+``takes`` the inputs). Elsewhere, on other GPUs, and with
 ``ATTN_GLUON_DKDV=0`` in the environment, step 06 runs its Triton kernel.
 
 Your step 06 (``steps/``) does not call this file: its backward runs the Triton kernels you write, on every GPU.
@@ -52,6 +53,10 @@ LOG2E = 1.4426950408889634
 # D=128: round 1's and round 5's best ("overlap 64x64 s2 w4", no cap: 255 registers and 56 bytes spilled a thread
 # with ptxas 12.8, as measured; three stages spilled more and ran 0.75-0.92x step 06's kernel in round 2).
 TILES = {64: (64, 32, 3, 4, 128), 128: (64, 64, 2, 4, None)}
+# Without a causal mask the path runs from this N on: below it, step 06's backward with the kernel ran 0.93-1.00x
+# the same backward without it (round 6, results/h200/triton/gluon_short_n_1202/: the kernel's gain at short N is
+# less than what its launch and host side cost); causal it tied or won at every N (0.99-1.08x), so it has no floor.
+FULL_MIN_LEN = 4096
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
 
 
@@ -73,8 +78,8 @@ def device_reason(q4) -> str | None:
     return None
 
 
-def shape_reason(q4, k4, v4, do4, dq_mode) -> str | None:
-    """Why the kernel does not cover these (B, H, N, D) views and ``dq_mode``, or None when it does."""
+def shape_reason(q4, k4, v4, do4, dq_mode, is_causal=True) -> str | None:
+    """Why the kernel does not cover these (B, H, N, D) views, ``dq_mode`` and mask, or None when it does."""
     if dq_mode != "separate":
         return f"dq_mode={dq_mode!r}: the Triton dK/dV kernel adds dQ there"
     if not (q4.shape == k4.shape == v4.shape == do4.shape):
@@ -86,19 +91,21 @@ def shape_reason(q4, k4, v4, do4, dq_mode) -> str | None:
         return f"D={D} (measured at D in {sorted(TILES)})"
     if N % 128:
         return f"N={N} is not a multiple of 128 (the kernel has no masks for partial tiles)"
+    if not is_causal and N < FULL_MIN_LEN:
+        return f"N={N} without a causal mask: the path lost below N={FULL_MIN_LEN} there (round 6)"
     if not all(t.is_contiguous() for t in (q4, k4, v4, do4)):
         return "not contiguous (B, H, N, D)"
     return None
 
 
-def not_covered(q4, k4, v4, do4, dq_mode) -> str | None:
+def not_covered(q4, k4, v4, do4, dq_mode, is_causal=True) -> str | None:
     """Why the Gluon kernel does not apply here, or None when it does."""
-    return device_reason(q4) or shape_reason(q4, k4, v4, do4, dq_mode)
+    return device_reason(q4) or shape_reason(q4, k4, v4, do4, dq_mode, is_causal)
 
 
-def takes(q4, k4, v4, do4) -> bool:
+def takes(q4, k4, v4, do4, is_causal) -> bool:
     """Whether the kernel runs on these inputs with ``dq_mode="separate"`` (step 06 then prefers that mode)."""
-    return not_covered(q4, k4, v4, do4, "separate") is None
+    return not_covered(q4, k4, v4, do4, "separate", is_causal) is None
 
 
 @gluon.jit
@@ -235,7 +242,7 @@ def launch(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scale: float)
 def launch_if_covered(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, dq_mode) -> bool:
     """Step 06's hook: run the Gluon kernel and return True where it applies (``not_covered``), else False."""
     global LAUNCHES
-    if not_covered(q4, k4, v4, do4, dq_mode) is not None or not (dk4.is_contiguous() and dv4.is_contiguous()):
+    if not_covered(q4, k4, v4, do4, dq_mode, is_causal) is not None or not (dk4.is_contiguous() and dv4.is_contiguous()):
         return False
     launch(q4, k4, v4, do4, lse.contiguous(), delta, dk4, dv4, is_causal, scale)
     LAUNCHES += 1

@@ -114,7 +114,7 @@ def hopper_dkdv(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, dq_mode
     return False
 
 
-def hopper_dkdv_takes(q4, k4, v4, do4) -> bool:
+def hopper_dkdv_takes(q4, k4, v4, do4, is_causal) -> bool:
     """Whether ``hopper_dkdv`` would take these inputs with dq_mode "separate" (``backward`` then prefers that mode
     to its table's "atomic_tma"): here never."""
     return False
@@ -613,13 +613,17 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     cfg = config or bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)
     if dq_mode is None and cfg["dq_mode"] == "atomic_tma" and (
             torch.are_deterministic_algorithms_enabled() or tma_dq_unsupported(q)
-            or hopper_dkdv_takes(q4, k4, v4, do4)):
+            or hopper_dkdv_takes(q4, k4, v4, do4, is_causal)):
         # The table's choice (not asked for by name), where it cannot run, must not, or where a dK/dV kernel
         # for Hopper and a second dQ pass are faster (D=128 causal N >= 4096: 1.015-1.037x on an H200).
         dq_mode = "separate"
     dq_mode = dq_mode or cfg["dq_mode"]
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    if dq_mode in ("separate", "fused") and "dq" not in cfg and not cfg.get("fused"):
+        # An atomic mode's config may hold the dK/dV tiles only (as the docstring allows); the switch above turns
+        # it into a second dQ pass (deterministic mode, no TMA, the Hopper kernel), whose tiles are the table's.
+        cfg = {**cfg, "dq": bwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H)["dq"]}
     if dq_mode in ("atomic", "atomic_tma") and torch.are_deterministic_algorithms_enabled():
         # As PyTorch's own nondeterministic ops do under torch.use_deterministic_algorithms(True).
         why = (f"step06 backward: dq_mode={dq_mode!r} adds dQ with atomics, in an order (and so to last bits) "

@@ -71,6 +71,25 @@ def test_covers_what_was_measured_and_nothing_else():
         assert "Hopper" in g.device_reason(q[0]) or "Gluon" in g.device_reason(q[0])
 
 
+def test_without_a_causal_mask_the_path_starts_at_full_min_len(monkeypatch):
+    """Round 6: without a causal mask the path lost below N=4096 (0.93-1.00x), causal it tied or won at every N. So
+    non-causal inputs shorter than ``FULL_MIN_LEN`` are not covered, causal ones are, and ``takes`` (which step 06
+    asks before preferring "separate" to its table's atomic_tma) says the same."""
+    g = _gluon()
+    assert g.FULL_MIN_LEN == 4096
+    for n in (128, 2048, 4096 - 128):
+        short = _views((1, 2, n, 64))
+        assert g.shape_reason(*short, "separate", True) is None
+        reason = g.shape_reason(*short, "separate", False)
+        assert reason and "causal" in reason and "4096" in reason, reason
+    for n, d in ((4096, 64), (4096, 128), (8192, 64)):
+        assert g.shape_reason(*_views((1, 1, n, d)), "separate", False) is None
+    short, long = _views((1, 2, 2048, 128)), _views((1, 1, 4096, 128))
+    monkeypatch.setattr(g, "device_reason", lambda q4: None)      # as if on Hopper
+    assert g.takes(*short, True) and g.takes(*long, False) and g.takes(*long, True)
+    assert not g.takes(*short, False)
+
+
 class _ExactDkdv:
     """Stands in for ``_gluon_dkdv`` on a CPU: ``kern[grid](...)`` writes the float64 reference's dK and dV, read
     from the descriptors' tensors, where the kernel would; it records each launch's grid and options."""
@@ -103,6 +122,7 @@ def test_step06_backward_routes_dkdv_through_the_hook(monkeypatch):
     fake = _ExactDkdv()
     monkeypatch.setattr(g, "_gluon_dkdv", fake)
     monkeypatch.setattr(g, "device_reason", lambda q4: None)
+    monkeypatch.setattr(g, "FULL_MIN_LEN", 128)                 # the non-causal route, at a size the interpreter runs
     for shape, causal in (((1, 2, 128, 64), True), ((2, 128, 64), False)):    # (B, H, N, D) and CS336's (H, N, D)
         q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=64, batch_shape=shape[:-2], dtype=torch.float16, seed=1,
                            requires_grad=True)
@@ -119,11 +139,12 @@ def test_step06_backward_routes_dkdv_through_the_hook(monkeypatch):
         want = torch.autograd.grad(s6.attention(q, k, v, is_causal=causal, dq_mode="fused"), (q, k, v), do)
         for name, a, b in zip(("dQ", "dK", "dV"), grads, want):
             assert_close(a, b, name=f"{shape}: {name} with the stand-in", dtype=torch.float16)
+    monkeypatch.setattr(g, "FULL_MIN_LEN", 256)
     before = len(fake.launches)
-    for shape, dtype in (((1, 2, 100, 64), torch.float16), ((1, 2, 128, 32), torch.float16),
-                         ((1, 2, 128, 64), torch.float32)):
+    for shape, dtype, causal in (((1, 2, 100, 64), torch.float16, True), ((1, 2, 128, 32), torch.float16, True),
+                                 ((1, 2, 128, 64), torch.float32, True), ((1, 2, 128, 64), torch.float16, False)):
         q, k, v = make_qkv(Nq=shape[2], Nk=shape[2], D=shape[3], batch_shape=shape[:2], dtype=dtype, requires_grad=True)
-        torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), make_dout(q))
+        torch.autograd.grad(s6.attention(q, k, v, is_causal=causal), (q, k, v), make_dout(q))
     assert len(fake.launches) == before, "the Gluon kernel was handed inputs it does not cover"
 
 
@@ -142,7 +163,7 @@ def test_stub_step06_has_no_gluon_path():
     assert ns["hopper_dkdv"](*[None] * 11) is False
     start = stub.index("def hopper_dkdv_takes(")
     exec(stub[start:stub.index("\n\n\n", start)], ns)
-    assert ns["hopper_dkdv_takes"](*[None] * 4) is False
+    assert ns["hopper_dkdv_takes"](*[None] * 5) is False
 
 
 # %% On a Hopper GPU ------------------------------------------------------------------------------------------------
@@ -155,17 +176,21 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on a
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 1, 128, 64), (2, 3, 384, 64), (1, 4, 2048, 64), (3, 256, 64),
-                                   (2, 3, 384, 128), (1, 2, 4096, 128)],
+                                   (2, 3, 384, 128), (1, 2, 4096, 128), (1, 1, 4096, 64)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_hopper_path_gradients(shape, is_causal, dtype):
-    """Step 06's solution on Hopper: the Gluon kernel runs (one launch a backward) and dQ, dK, dV pass the course's
-    float64 check, at one tile, at odd batch x heads, at many tiles, on CS336's (H, N, D) tensors, and at D=128
-    (causal N=4096: where step 06's table says "atomic_tma" and the path takes "separate" instead)."""
+    """Step 06's solution on Hopper: where the Gluon kernel covers the inputs (causal at every N, not causal from
+    ``FULL_MIN_LEN``) it runs, and dQ, dK, dV pass the course's float64 check, at one tile, at odd batch x heads, at
+    many tiles, on CS336's (H, N, D) tensors, and at D=128 (causal N=4096: where step 06's table says "atomic_tma"
+    and the path takes "separate" instead); where it does not, step 06's Triton kernel passes the same check."""
     s6, g = _step06_and_gluon()
     q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=shape[-1], batch_shape=shape[:-2], dtype=dtype, device="cuda")
     before = g.LAUNCHES
     check_attention(s6.attention, q, k, v, is_causal=is_causal)
-    assert g.LAUNCHES > before, "step 06's backward did not run the Gluon kernel on Hopper"
+    if is_causal or shape[-2] >= g.FULL_MIN_LEN:
+        assert g.LAUNCHES > before, "step 06's backward did not run the Gluon kernel on Hopper"
+    else:
+        assert g.LAUNCHES == before, f"the Gluon kernel ran without a causal mask below N={g.FULL_MIN_LEN}"
 
 
 @pytest.mark.gpu

@@ -266,6 +266,26 @@ def test_atomic_tma_default_yields_to_determinism(load, monkeypatch):
         torch.use_deterministic_algorithms(prev)
 
 
+def test_table_switch_to_the_second_pass_with_an_atomic_config(load, monkeypatch):
+    """``backward``'s docstring lets an atomic mode's ``config`` hold the dK/dV tiles only. When the backward turns
+    the table's atomic_tma into the second pass (here deterministic mode), that pass takes the table's dQ tiles:
+    the gradients are right, not a KeyError 'dq'."""
+    step = load(6)
+    monkeypatch.setattr(step, "tma_dq_unsupported", lambda q: None)     # as if on Hopper
+    q, k, v = qkv(CASES[1], torch.float32)
+    o, lse = step.attention_with_lse(q, k, v, is_causal=True)
+    table = step.bwd_config(q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, True, q.device.type)
+    cfg = dict(pre=table["pre"], dkdv=table["dkdv"], dq_mode="atomic_tma")        # no "dq"
+    dout = make_dout(o)
+    prev = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        grads = step.backward(q, k, v, o, lse, dout, True, q.shape[-1] ** -0.5, config=cfg)
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert_grads(grads, reference_backward(q, k, v, dout, True), "an atomic config turned into the second pass")
+
+
 # --- GPU only ------------------------------------------------------------------------------
 
 @pytest.mark.gpu
