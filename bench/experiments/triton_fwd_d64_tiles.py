@@ -16,7 +16,16 @@ last (the run's drift), ``do_bench`` median (rep 200 ms). Causal rows keep the t
     python bench/experiments/triton_fwd_d64_tiles.py --out DIR     # an H200: about 2 minutes
     python bench/experiments/triton_fwd_d64_tiles.py --small       # no GPU: interpreter, tiny sizes, fp32
 
-Writes DIR/triton_fwd_d64_tiles.json (after every part) and .log. Answer: not run yet.
+Writes DIR/triton_fwd_d64_tiles.json (after every part) and .log.
+
+Answer: no (one H200, 2026-12-02 18:19 UTC, 1f5ae60's tree; the JSON's `git` says 128f269, the device's .git;
+results/h200/triton/fwd_d64_tiles_1202/). Every tile set right (O and LSE errors the table's). Against the table
+(the faster of its two timings): TMA at the table's tiles 0.99-1.02x; 128x64 w8 s4 with TMA 0.98-1.01x except
+1.055x at N=4096 causal (one reading; the table's two differed by 0.4%); 128x128 with TMA 0.69-0.75x on two stages,
+0.89-0.93x on three; 256x64 0.85-0.94x; 64x64 w4 s4 0.86-0.94x. The table against cuDNN in the run: 0.94
+(N=4096 full), 0.83-0.84 (N=4096 causal), 0.93-0.94 (N=16384), 0.99 at the leaderboard shape; the best of any
+tile set 0.88 at N=4096 causal. So the D=64 forward's gap to issue 17's 0.95x is not in its tiles, stages or
+loads. Why the larger tiles lose was not measured here (no register or spill report of these sets).
 """
 
 from __future__ import annotations
