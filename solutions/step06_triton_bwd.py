@@ -83,7 +83,8 @@ FlashAttention-3 use on Hopper); TMA alone did not speed up the D=64 forward
 (results/h200/triton/fwd_tma.json).
 
 On Hopper the course's solution hands dK/dV to a Gluon kernel where it applies (D 64 or 128,
-16-bit, self-attention, N a multiple of 128, dq_mode "separate"; ``hopper_dkdv``): its four
+16-bit, self-attention, N a multiple of 128 and, without a causal mask, at least 4096, dq_mode
+"separate"; ``hopper_dkdv``): its four
 products are issued asynchronously and waited for one at a time, so dP^T and dV run under the
 exponentials (notebook 06 §11; 1.05x this dK/dV kernel at the leaderboard shape, CS336's harness
 5.17 -> 5.06 and 5.08 -> 4.96 ms on two H200s; at D=128 the backward 1.01-1.10x, so there it is
