@@ -556,6 +556,18 @@ def persistent(name):
             f"{name}; its {len(pers)} shapes {min(x):.2f}-{max(x):.2f}x")
 
 
+d64 = load("fwd_d64_tiles_1202/triton_fwd_d64_tiles")["rows"]                     # triton_fwd_d64_tiles.py
+
+
+def d64_tiles(name):
+    """Step 05's table (the faster of its two timings) -> the D=64 tile set ``name`` at the leaderboard shape (the
+    run's last row); its range over the run's five D=64 shapes."""
+    r = d64[-1]
+    x = [row["vs_table"][name] for row in d64]
+    return ("fwd", min(r["ms"]["table"], r["ms"]["table again"]), r["ms"][name], "fwd_d64_tiles_1202",
+            f"{name}; its {len(d64)} shapes {min(x):.2f}-{max(x):.2f}x")
+
+
 def kv_regs_table_tiles():
     """Step 06's backward (its table) -> the fastest of its rebuilds with K and V in registers (the table's
     mean over the runs alternated with them), the leaderboard shape."""
@@ -599,6 +611,8 @@ LEDGER = [
     ("fwd: other tiles", "no", "BLOCK_M x BLOCK_N, warps, stages around the table's 128x64 w8 s3",
      [lb5ms("fwd", t, a, fastest("fwd", t, tiles[t]), f"best of {len(tiles[t])}: {fastest('fwd', t, tiles[t])}")
       for t, a in (("1705", "table 128x64 w8 s3"), ("1711", "table + heads-first"))]),
+    ("fwd: bigger tiles, D=64", "no", "128x128 or 256x64 tiles (more K/V reuse), with TMA; a fourth stage",
+     [d64_tiles("128x128 w8 s3 tma"), d64_tiles("256x64 w8 s3 tma"), d64_tiles("128x64 w8 s4 tma")]),
     ("fwd: TMA loads, D=64", "no", "Q, K, V by tensor descriptor (Hopper's TMA) instead of pointers",
      [lb5ms("fwd", "1705", "table 128x64 w8 s3", "tma=True (table tiles)", "step 05, the table's 128x64 w8 s3"),
       tma_pair(64)]),
