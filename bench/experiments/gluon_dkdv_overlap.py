@@ -66,7 +66,7 @@ backward as shipped, the path off / on / off / on: not causal it loses or ties b
 0.999 for N 512, 1024, 2048; D=128: 0.992, 0.928, 0.992), 1.03-1.06x at N=4096; causal 0.988-1.080x. The same
 backward timed twice differs by up to 7% at these sizes.
 
-Round 7 (``--round 7``; one H200, 2026-12-02 ~18:45 UTC, d4c314d (the JSON says 128f269, the device's .git);
+Round 7 (``--round 7``; one H200, 2026-12-02 18:31 UTC, d4c314d (the JSON says 128f269, the device's .git);
 results/h200/triton/gluon_tiles_1202_r7/). The shipped D=64 tile (64x32 s3 w4 r128: 8 B spilled, four programs an
 SM) against 128 keys a program on two warpgroups sharing each Q / dO tile (128x32 w8 r128, two or three stages) and
 the shipped tile without its spill (r168: 132 registers, three programs an SM). All right; the shipped kernel
