@@ -485,6 +485,7 @@ pers = load("fwd_persistent_1202")["timing_rows"]                               
 kvr = load("lb_kv_regs_1202")["kernels"]                                             # lb_kv_regs.py
 gluon = {(r, k): load(f"gluon_{r}/gluon_{k}_overlap")["timing_rows"]                    # gluon_{fwd,dkdv}_overlap.py
          for r in ("1202", "1202_r2") for k in ("fwd", "dkdv")}
+gluon[("tiles_1202_r7", "dkdv")] = load("gluon_tiles_1202_r7/gluon_dkdv_overlap")["timing_rows"]   # --round 7
 
 
 def ms(part, t, name):
@@ -675,6 +676,9 @@ LEDGER = [
     ("Gluon: dK/dV overlapped", "yes: Hopper", "Gluon (Triton 3.6): dP^T under the exponentials, dV under dS^T (D 64, 128)",
      [gluon_row("dkdv", "1202", "overlap 64x32 s3 w4 r128"), gluon_row("dkdv", "1202_r2", "overlap 64x32 s3 w4 r128"),
       gluon_row("dkdv", "1202_r2", "overlap 64x32 s3 w4 r128", against="no-overlap 64x32 s3 w4 r128")]),
+    ("Gluon dK/dV: other tiles", "no", "128 keys on two warpgroups sharing Q / dO; the shipped tile unspilled (r168)",
+     [gluon_row("dkdv", "tiles_1202_r7", v, against="overlap 64x32 s3 w4 r128")
+      for v in ("overlap 128x32 s3 w8 r128", "overlap 64x32 s3 w4 r168")]),
     ("Gluon: forward overlapped", "no", "Gluon: the softmax of S_j under P_{j-1} V_{j-1} (FA-3's intra-warpgroup order)",
      [gluon_row("fwd", "1202", "overlap 128x64 s3 w8"), gluon_row("fwd", "1202_r2", "overlap 128x64 s3 w8"),
       gluon_row("fwd", "1202_r2", "overlap 128x64 s3 w8", against="no-overlap 128x64 s3 w8")]),
