@@ -4,6 +4,7 @@ Without a GPU the kernels run in Triton's interpreter (fp32 and fp16, small size
 bf16 runs on a GPU only: the interpreter's bf16 ``tl.dot`` gives wrong results.
 """
 
+import functools
 import os
 
 import torch
@@ -76,6 +77,21 @@ def test_gradients_fused(load, case, dtype, is_causal):
     check_attention(with_mode(step, "fused"), *qkv(case, dtype), is_causal=is_causal)
 
 
+@functools.lru_cache(maxsize=None)
+def _forward(step5, batch, heads, nq, nk, d, is_causal):
+    """q, k, v, dO and step 05's (O, LSE) for the tests below that run the backward with several configs
+    on the same inputs: step 05's forward interpreted once a process for each, not once a test (a cached
+    function, not a module fixture: the gpu-check's rule for those). Each caller gets copies."""
+    q, k, v = make_qkv(batch, heads, nq, nk, d, device=DEVICE, seed=nq)
+    dout = make_dout(q)
+    o, lse = step5.forward(q, k, v, is_causal, d ** -0.5)
+    return q, k, v, dout, o, lse
+
+
+def forward(step5, batch, heads, nq, nk, d, is_causal):
+    return tuple(t.clone() for t in _forward(step5, batch, heads, nq, nk, d, is_causal))
+
+
 TILES = [dict(dkdv=(16, 32), dq=(32, 16)), dict(dkdv=(32, 16), dq=(16, 32)), dict(dkdv=(64, 64), dq=(64, 64))]
 
 
@@ -88,9 +104,7 @@ def test_tile_sizes(load, tiles, dq_mode):
                **{kern: dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=4, num_stages=1)
                   for kern, (bm, bn) in tiles.items()})
     for nq, nk in ((50, 75), (75, 50)):
-        q, k, v = make_qkv(1, 2, nq, nk, 32, device=DEVICE, seed=nq)
-        dout = make_dout(q)
-        o, lse = step5.forward(q, k, v, True, 32 ** -0.5)
+        q, k, v, dout, o, lse = forward(step5, 1, 2, nq, nk, 32, True)
         grads = step.backward(q, k, v, o, lse, dout, True, 32 ** -0.5, config=cfg)
         assert_grads(grads, reference_backward(q, k, v, dout, True),
                      f"causal, Nq={nq}, Nk={nk}, tiles {tiles}, {dq_mode}")
@@ -108,9 +122,7 @@ def test_launch_order_and_early_dp(load, early_dp, heads_first, is_causal):
     cfg = dict(pre=dict(BLOCK_M=16), dq_mode="separate",
                dkdv=dict(BLOCK_M=16, BLOCK_N=32, **flags), dq=dict(BLOCK_M=32, BLOCK_N=16, **flags))
     for nq, nk in ((50, 75), (75, 50)):
-        q, k, v = make_qkv(2, 3, nq, nk, 32, device=DEVICE, seed=nq)
-        dout = make_dout(q)
-        o, lse = step5.forward(q, k, v, is_causal, 32 ** -0.5)
+        q, k, v, dout, o, lse = forward(step5, 2, 3, nq, nk, 32, is_causal)
         grads = step.backward(q, k, v, o, lse, dout, is_causal, 32 ** -0.5, config=cfg)
         assert_grads(grads, reference_backward(q, k, v, dout, is_causal),
                      f"{'causal' if is_causal else 'full'}, Nq={nq}, Nk={nk}, EARLY_DP={early_dp}, HEADS_FIRST={heads_first}")
@@ -132,9 +144,7 @@ def test_fused_tile_sizes(load, tiles):
         cfg = dict(pre=dict(BLOCK_M=16), dq_mode="fused",
                    fused=dict(zip(("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2"), tiles), num_warps=4, num_stages=1))
     for nq, nk, causal in ((50, 75, True), (75, 50, True)):
-        q, k, v = make_qkv(1, 2, nq, nk, 24, device=DEVICE, seed=nq)
-        dout = make_dout(q)
-        o, lse = step5.forward(q, k, v, causal, 24 ** -0.5)
+        q, k, v, dout, o, lse = forward(step5, 1, 2, nq, nk, 24, causal)
         grads = step.backward(q, k, v, o, lse, dout, causal, 24 ** -0.5, config=cfg)
         assert_grads(grads, reference_backward(q, k, v, dout, causal),
                      f"causal={causal}, Nq={nq}, Nk={nk}, fused tiles {tiles}")
