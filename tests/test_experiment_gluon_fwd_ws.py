@@ -1,0 +1,64 @@
+"""bench/experiments/gluon_fwd_ws.py without a GPU: its warp-specialized Gluon forward compiles for sm_90a with the
+registers moved from the loader warp to the consumer warpgroups (``setmaxnreg``), each consumer keeps P V in flight
+under its softmax (``wgmma.wait_group 1``), nothing spills at D=64, and the host refuses what the kernel does not
+cover. (Gluon has no CPU interpreter: the numbers are checked on the GPU, the experiment's part (1).)"""
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "experiments" / "gluon_fwd_ws.py"
+pytestmark = [pytest.mark.step05]
+VARIANTS = ["ws 2wg n128 s2", "ws 3wg n128 s2 pp"]
+
+
+@functools.cache
+def _reports():
+    """{"VARIANT D64 causal": report}, compiled in a process without TRITON_INTERPRET (Gluon cannot compile under
+    the interpreter the CPU test session runs)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--aot-check", "--quick", "--variants", ",".join(VARIANTS)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("variant, consumer_regs", [("ws 2wg n128 s2", 240), ("ws 3wg n128 s2 pp", 160)])
+def test_registers_move_from_the_loader_to_the_consumers(variant, consumer_regs):
+    rep = _reports()[f"{variant} D64 causal"]
+    assert isinstance(rep, dict), rep
+    assert {24, consumer_regs} <= set(rep["setmaxnreg"]), (
+        f"{variant}: setmaxnreg {rep['setmaxnreg']} in the PTX; gl.warp_specialize's worker_num_regs should give the "
+        f"loader warp 24 registers and each consumer warpgroup {consumer_regs}")
+    if "regs" in rep:      # ptxas found (Triton's own)
+        assert rep["spill"] == [0, 0], f"{variant}: spills {rep['spill']} at D=64"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_each_consumer_keeps_p_v_in_flight_under_its_softmax(variant):
+    waits = _reports()[f"{variant} D64 causal"]["waits"]
+    n_wg = int(variant.split()[1][0])
+    assert waits.get("1") == n_wg, (
+        f"{variant}: wgmma.wait_group 1 x{waits.get('1')} in the PTX, want one a consumer ({n_wg}): _ws_consumer's "
+        f"main loop must wait for S_j alone (num_outstanding=1) and let P_(j-1) V_(j-1) run under the softmax")
+
+
+def test_refuses_what_it_does_not_cover():
+    spec = importlib.util.spec_from_file_location("gluon_fwd_ws", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    q = torch.empty(1, 2, 1000, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        mod.check_inputs(q, q, q)
+    q = torch.empty(1, 2, 1024, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="16-bit"):
+        mod.check_inputs(q, q, q)
+    assert not mod.fits("ws 3wg n128 s2", 128) and mod.fits("ws 2wg n128 s3", 128)
