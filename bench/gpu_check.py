@@ -423,7 +423,8 @@ def main(argv=None) -> int:
         summary = {}
     machine = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "cuda": torch.version.cuda,
-               "ATTN_GLUON_DKDV": os.environ.get("ATTN_GLUON_DKDV", "1")}   # step 06's Hopper dK/dV path on or off
+               "ATTN_GLUON_DKDV": os.environ.get("ATTN_GLUON_DKDV", "1"),   # step 06's Hopper dK/dV path on or off
+               "ATTN_GLUON_FWD": os.environ.get("ATTN_GLUON_FWD", "1")}     # step 05's Hopper forward path
     summary.update(machine)
     for stale in ("why_incomplete", "incomplete_because", "date", "commit", "seconds"):   # each part carries its own
         summary.pop(stale, None)

@@ -214,6 +214,7 @@ def triton_fn(q, k, v, causal, mode, do, fcfg=None, bcfg=None, dq_mode=None):
 def tune(info):
     """Sweep the candidates at TUNE_N; returns (best configs per (D, causal), sweep rows)."""
     os.environ["ATTN_GLUON_DKDV"] = "0"     # the Triton dK/dV tiles, not step 06's Gluon kernel (its Hopper path)
+    os.environ["ATTN_GLUON_FWD"] = "0"      # and the Triton forward's, not step 05's Gluon kernel
     s5, s6 = steps()
     rows, best = [], {}
     for D in GRID_D:
@@ -258,6 +259,7 @@ def tune(info):
 def sweep_leaderboard(info, workers):
     """Every candidate on the leaderboard shape itself, each kernel varied with the others at their best."""
     os.environ["ATTN_GLUON_DKDV"] = "0"     # the Triton dK/dV tiles, not step 06's Gluon kernel (its Hopper path)
+    os.environ["ATTN_GLUON_FWD"] = "0"      # and the Triton forward's, not step 05's Gluon kernel
     s5, s6 = steps()
     B, H, N, D, causal = LEADERBOARD["B"], LEADERBOARD["H"], LEADERBOARD["N"], LEADERBOARD["D"], True
     cands = {k: list(dict.fromkeys(base[D] + LEADERBOARD_EXTRA[k]))

@@ -486,6 +486,7 @@ kvr = load("lb_kv_regs_1202")["kernels"]                                        
 gluon = {(r, k): load(f"gluon_{r}/gluon_{k}_overlap")["timing_rows"]                    # gluon_{fwd,dkdv}_overlap.py
          for r in ("1202", "1202_r2") for k in ("fwd", "dkdv")}
 gluon[("tiles_1202_r7", "dkdv")] = load("gluon_tiles_1202_r7/gluon_dkdv_overlap")["timing_rows"]   # --round 7
+gluon[("fwd_ws_1203", "fwd")] = load("gluon_fwd_ws_1203/gluon_fwd_ws")["timing_rows"]      # gluon_fwd_ws.py
 
 
 def ms(part, t, name):
@@ -682,6 +683,9 @@ LEDGER = [
     ("Gluon: forward overlapped", "no", "Gluon: the softmax of S_j under P_{j-1} V_{j-1} (FA-3's intra-warpgroup order)",
      [gluon_row("fwd", "1202", "overlap 128x64 s3 w8"), gluon_row("fwd", "1202_r2", "overlap 128x64 s3 w8"),
       gluon_row("fwd", "1202_r2", "overlap 128x64 s3 w8", against="no-overlap 128x64 s3 w8")]),
+    ("Gluon: forward warp-specialized", "yes: N>=16k", "a TMA loader warp, consumer warpgroups of 64 rows, setmaxnreg",
+     [gluon_row("fwd", "fwd_ws_1203", "ws 3wg n128 s2"),
+      gluon_row("fwd", "fwd_ws_1203", "ws 3wg n128 s2 pp", against="ws 3wg n128 s2")]),
     ("tiles at the power limit", "no", "tile sets, then dK/dV register caps, timed in CS336's harness itself (~690 W)",
      [at_power_limit("lb_power_1202"), at_power_limit("lb_power_r2_1202")]),
     ("heads in groups (L2)", "no", "heads first within groups of G heads, one group after another (4G MB in flight)",
@@ -932,6 +936,41 @@ for r in load("gluon_short_n_1202/gluon_dkdv_overlap")["short_n_rows"]:
 # launch with four TMA descriptors costs. With one, every key tile's loop is shorter still, yet it tied or won (the
 # heavy early key tiles start first). So the path starts at N = 4096 without a causal mask (`FULL_MIN_LEN`) and has
 # no floor with one. Differences under 3% here are within what the same shape read twice.
+
+# %% [markdown]
+# ### Warp specialization, in Gluon: the forward
+#
+# Everything above keeps one kind of warp: each loads its tiles, waits, multiplies, exponentiates. FlashAttention-3
+# and cuDNN split a CTA's warps by job. One **loader warp** does nothing but issue TMA copies of K and V into a ring
+# of shared-memory buffers, running ahead of the math by as many stages as fit; **consumer warpgroups** each own 64
+# query rows of the CTA's tile and never wait for one another. Two mbarriers a buffer carry the hand-offs: `ready`
+# (the TMA's bytes have landed) and `empty` (every consumer's products that read the buffer are done; each consumer
+# arrives once). Since the loader needs almost no registers, `setmaxnreg` moves them to the consumers: 24 for the
+# loader, 160-240 for each consumer. Triton 3.6 cannot write this (`tl.range(..., warp_specialize=True)` gave NaN or
+# ran slower on Hopper, in the ledger); Gluon can: `gl.warp_specialize` takes each partition's function and
+# arguments, and the warps and registers of each. Inside each consumer the loop is FlashAttention-3's intra-warpgroup order, as
+# in the Gluon forward above. `bench/experiments/gluon_fwd_ws.py` timed nine variants (two or three consumer
+# warpgroups, 64- or 128-key tiles, two to four stages, and with the consumers issuing their products in turns,
+# FlashAttention-3's "ping-pong") beside step 05 and cuDNN in one run (one H200, `gluon_fwd_ws_1203/`):
+
+# %%
+ws = load("gluon_fwd_ws_1203/gluon_fwd_ws")
+for r in ws["timing_rows"]:
+    m = r["ms"]
+    s05 = min(m["step05"], m["step05 again"])
+    best = min((v for v in m if v.startswith("ws ") and isinstance(m[v], float)), key=lambda v: m[v])
+    print(f"{r['shape']:38s} step 05 {s05:6.3f} ms ({m['cudnn'] / s05:.2f}x cuDNN)   best WS {best:18s} "
+          f"{m[best]:6.3f} ms: x{s05 / m[best]:.2f} step 05, {m['cudnn'] / m[best]:.2f}x cuDNN")
+
+# %% [markdown]
+# At N = 16384 warp specialization pays: 1.04-1.14x step 05 and 0.99-1.06x cuDNN, past cuDNN without a causal mask at
+# D = 64 (three consumer warpgroups, 192-row tiles). At N = 4096 it loses or ties: a CTA's loop is short, and the
+# split's fixed costs (a CTA of four warpgroups, one of them mostly idle, barriers every tile) are not repaid. Ping-pong
+# added nothing over letting the warp schedulers interleave the consumers (within 2%). So the solution of step 05
+# hands N >= 16384 to this kernel on Hopper (`solutions/gluon_fwd.py`, `hopper_fwd` in the step; `ATTN_GLUON_FWD=0`
+# turns it off) and keeps its Triton kernel below. The leaderboard shape is level (1.27 ms either way, as cuDNN): the
+# forward was never where step 06 trails cuDNN there. Compiled (`torch.compile`), step 05's forward is an operator
+# Inductor traces, and the Gluon launch, which it cannot see, steps aside for the Triton kernel.
 
 # %% [markdown]
 # ## References

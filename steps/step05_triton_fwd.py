@@ -53,8 +53,9 @@ found 1.02-1.11x over pointer loads at the same tiles at D=128 and nothing at D=
 kernel, on the H200: 1.01-1.13x at D=128 for N >= 2048 but 0.40-0.77x for N 512-1024, 0.97-1.02x at
 D=64 (bench/experiments/triton_fwd_tma_course.py, results/h200/grid_1202/). So ``tma=None``, the
 default, takes it for 16-bit D=128 with N >= 2048 on sm_90 (``tma_by_default``): 0.89-0.97x cuDNN
-from N = 4096 (pointers: 0.80-0.88x). Not done here: warp specialization (producer warps that only load, consumer warps that only
-compute; NaN or slower in Triton 3.6, same experiment).
+from N = 4096 (pointers: 0.80-0.88x). Not done here in Triton: warp specialization (producer warps that only load,
+consumer warps that only compute; NaN or slower in Triton 3.6, same experiment). The course's solution does it in
+Gluon, Triton's lower layer, for N >= 16384 on Hopper (``hopper_fwd``; notebook 06 §11).
 """
 
 import torch
@@ -571,9 +572,21 @@ def _dot_precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"    # the latter is ignored for 16-bit inputs
 
 
+def hopper_fwd(q, k, v, is_causal, scale):
+    """Where ``forward`` may hand the whole forward to another kernel when not told which to run: here none (None),
+    so your Triton kernel runs on every GPU. The course's solution puts a warp-specialized Gluon kernel for Hopper
+    here, for long sequences: notebook 06 §11 shows what it adds and what it gains."""
+    return None
+
+
+
+
 @direct_launches
 def forward(q, k, v, is_causal, scale, config=None, tma=None, descriptors=None):
     """Run the kernel: ``(O, LSE)`` with O shaped like q (contiguous) and LSE ``(..., Nq)`` float32.
+
+    With neither ``config`` nor ``tma`` given, ``hopper_fwd`` may take the call first (the solution's Gluon kernel
+    on Hopper at N >= 16384; your step 05's hook declines).
 
     ``scale`` must already be resolved (a float). ``config`` overrides ``dense_fwd_config``.
     ``tma``: True, the TMA kernel (``_attn_fwd_tma_kernel``) instead, or a ValueError saying why it
@@ -581,6 +594,10 @@ def forward(q, k, v, is_causal, scale, config=None, tma=None, descriptors=None):
     ``descriptors`` ("host" or "device") picks how the TMA kernel gets its descriptors (default: host
     ones in eager mode, device ones when a compiler traces the call: see ``forward_tma``).
     """
+    if tma is None and config is None:
+        out = hopper_fwd(q, k, v, is_causal, scale)
+        if out is not None:
+            return out
     if tma is None:
         tma = tma_by_default(q, k, v)
     if tma:

@@ -18,6 +18,7 @@ def test_record_writes_log_and_json_and_a_failing_part_does_not_stop_the_run(tmp
     # Record.open turns step 06's Hopper dK/dV path off for the run (ATTN_GLUON_DKDV=0): monkeypatch restores the
     # variable afterwards, so the tests after this one in the worker see step 06 as it ships.
     monkeypatch.delenv("ATTN_GLUON_DKDV", raising=False)
+    monkeypatch.delenv("ATTN_GLUON_FWD", raising=False)
     rec = gpu_run.Record("exp")
     rec.open(tmp_path / "out", REPO)
 
@@ -36,6 +37,7 @@ def test_record_writes_log_and_json_and_a_failing_part_does_not_stop_the_run(tmp
     assert saved["parts"]["1 fails"]["ok"] is False and "ValueError: planted" in saved["parts"]["1 fails"]["error"]
     assert saved["parts"]["2 runs"]["ok"] is True and saved["parts"]["2 runs"]["rows"] == [1, 2]
     assert {"torch", "argv", "date_utc"} <= set(saved["meta"]) and saved["meta"]["ATTN_GLUON_DKDV"] == "0"
+    assert saved["meta"]["ATTN_GLUON_FWD"] == "0"
     log = (tmp_path / "out" / "exp.log").read_text()
     assert "1 fails FAILED: ValueError: planted" in log and "second part ran" in log
 

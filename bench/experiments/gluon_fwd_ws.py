@@ -27,7 +27,15 @@ grid at N 4096 and 16384 (B = 16384/N, H = 2048/D), each variant beside step 05,
     python bench/experiments/gluon_fwd_ws.py --aot-check   # no GPU: compile every variant for sm_90a
 (not under TRITON_INTERPRET=1; tests/test_experiment_gluon_fwd_ws.py compiles in a subprocess.)
 
-Answer: not yet run on a GPU.
+Answer: yes at N=16384, no at N=4096. One H200, 2026-12-03 06:16 UTC (25ed783's kernel; results/h200/triton/
+gluon_fwd_ws_1203/). Every variant right (O and LSE at step 05's errors, bf16 and fp16, ragged N 1088 and 4032) and
+bitwise repeatable. At N=16384 against step 05 (the faster of its two timings) and cuDNN in the same run: D=64
+three consumer warpgroups with 128-key tiles ("ws 3wg n128 s2") 1.08x causal (2.521 against 2.711 ms; 0.99x cuDNN),
+1.14x not (4.564 against 5.198; **1.06x cuDNN**); D=128 two warpgroups, three stages ("ws 2wg n128 s3") 1.04x causal
+(1.01x cuDNN), 1.09x not (0.99x cuDNN). The leaderboard shape level (1.268 against 1.277, cuDNN 1.265). At N=4096
+it loses or ties: D=64 causal 0.99x step 05 at best, not causal 1.02x; D=128 0.96x causal, 1.03x not. Ping-pong
+(consumers issuing in turns) changed nothing beyond 2%; two stages at D=128 and 64-key tiles lost everywhere. So
+step 05's solution hands N >= 16384 on Hopper to this kernel at those two tile sets (solutions/gluon_fwd.py).
 """
 
 from __future__ import annotations
@@ -46,197 +54,21 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.experimental import gluon  # noqa: E402
-from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
-    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from bench.experiments import gpu_run  # noqa: E402
 from bench.experiments import gluon_fwd_overlap as gfo  # noqa: E402
+from solutions.gluon_fwd import _gluon_fwd_ws  # noqa: E402
+from solutions.gluon_fwd import launch_args as _solution_launch_args  # noqa: E402
 
 REC = gpu_run.Record("gluon_fwd_ws")
 log = REC.log
 T0 = time.time()
 LOG2E = 1.4426950408889634
-WG_ROWS = 64          # query rows a consumer warpgroup owns (one m64 wgmma)
 
 
-# %% The kernel ---------------------------------------------------------------------------------------------
-
-@gluon.jit
-def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
-               NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: Q's NUM_WG row blocks, then K_j and V_j into buffer j % STAGES as soon as the consumers hand it back."""
-    mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
-    for w in gl.static_range(NUM_WG):
-        tma.async_copy_global_to_shared(q_desc, [row0 + start_m + w * 64, 0], q_bar, q_smem.index(w))
-    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
-    for j in range(n_tiles):
-        st = j % STAGES
-        # An mbarrier starts with its phase "1" complete: the first round of waits passes at once.
-        mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(st), kv_bytes)
-        tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
-        tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
-
-
-@gluon.jit
-def _ws_consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N,
-                 WG: gl.constexpr, NUM_WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
-    """One warpgroup: the softmax and both products of its 64 query rows, FlashAttention-3's intra-warpgroup order.
-    PINGPONG: the consumers issue their products in turn (warpgroup WG waits for ``turn[WG]``, issues, then hands the
-    turn to the next), so one warpgroup's products run under the others' softmax (FlashAttention-3's inter-warpgroup
-    schedule); every warpgroup takes n_tiles + 1 turns."""
-    BM: gl.constexpr = 64
-    dtype: gl.constexpr = k_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    m_start = start_m + WG * BM
-    offs_m = m_start + gl.arange(0, BM, layout=row_s)
-    q_tile = q_smem.index(WG)
-    m_i = gl.full([BM], float("-inf"), gl.float32, layout=row_s)
-    acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
-    zero_s = gl.zeros([BM, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar, phase=0)
-
-    # Tile 0: S_0 and its softmax (no O to rescale yet).
-    mbarrier.wait(ready.index(0), phase=0)
-    if PINGPONG:
-        # Warpgroup 0's first wait passes at once (an mbarrier starts with phase "1" complete).
-        mbarrier.wait(turn.index(WG), phase=1 if WG == 0 else 0)
-    s_acc = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    if PINGPONG:
-        mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
-    s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
-    if IS_CAUSAL:
-        s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
-    else:
-        if BLOCK_N > N:
-            s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
-    m_i = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
-    p = gl.exp2(s_acc * qk_scale - m_i[:, None])
-    l_i = gl.sum(p, 1)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-    for j in range(1, n_tiles):
-        st = j % STAGES
-        prev = (j - 1) % STAGES
-        mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
-        if PINGPONG:
-            mbarrier.wait(turn.index(WG), phase=(j & 1) ^ (1 if WG == 0 else 0))
-        s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
-        s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
-        # The softmax of S_j while P_{j-1} V_{j-1} is still on the tensor cores.
-        if IS_CAUSAL:
-            if j * BLOCK_N + BLOCK_N > m_start:
-                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
-                s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
-        else:
-            # The last key tile may run past N into the next head's rows (or past the tensor: TMA reads zeros).
-            if j * BLOCK_N + BLOCK_N > N:
-                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
-                s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s_acc * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        # K_{j-1} (read by S_{j-1}) and V_{j-1} (read by the product just waited for): this warpgroup is done with them.
-        mbarrier.arrive(empty.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-    last = (n_tiles - 1) % STAGES
-    if PINGPONG:
-        mbarrier.wait(turn.index(WG), phase=(n_tiles & 1) ^ (1 if WG == 0 else 0))
-    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    if PINGPONG:
-        mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    mbarrier.arrive(empty.index(last), count=1)
-
-    acc = acc / gl.convert_layout(l_i, row_o)[:, None]
-    rows_o = m_start + gl.arange(0, BM, layout=row_o)
-    cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o_ptrs = O + (row0 + rows_o)[:, None].to(gl.int64) * HEAD_DIM + cols_o[None, :]
-    # Rows past N (the CTA's last tile when N is not a multiple of its rows) are computed and not stored.
-    gl.store(o_ptrs, acc.to(dtype), mask=(rows_o < N)[:, None])
-    gl.store(LSE + row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < N)
-
-
-@gluon.jit
-def _gluon_fwd_ws(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
-                  CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  PINGPONG: gl.constexpr, num_warps: gl.constexpr):
-    BM_CTA: gl.constexpr = NUM_WG * 64
-    n_m = gl.cdiv(N, BM_CTA)
-    if IS_CAUSAL:
-        pid = n_m - 1 - gl.program_id(1)         # every head's heaviest query tile first (step 05's HEADS_FIRST)
-        bh = gl.program_id(0)
-    else:
-        pid = gl.program_id(0)
-        bh = gl.program_id(1)
-    start_m = pid * BM_CTA
-    row0 = bh * N
-    dtype: gl.constexpr = q_desc.dtype
-
-    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(NUM_WG):
-        mbarrier.init(turn.index(w), count=1)
-    mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=NUM_WG)
-
-    if IS_CAUSAL:
-        hi = gl.minimum(start_m + BM_CTA, N)
-    else:
-        hi = N
-    n_tiles = gl.cdiv(hi, BLOCK_N)
-
-    # The argument tuples written out in full: a tuple built by `+` in a kernel drops its constexprs' wrapping.
-    if NUM_WG == 2:
-        gl.warp_specialize([
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 0, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 1, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
-                          NUM_WG, BLOCK_N, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 0, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 1, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 2, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
-                          NUM_WG, BLOCK_N, STAGES)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
-
+# %% The kernel -----------------------------------------------------------------------------------------------
+# Step 05's since this experiment's first run: solutions/gluon_fwd.py holds ``_gluon_fwd_ws`` (and the partitions
+# ``_ws_loader``, ``_ws_consumer``); this file times its variants.
 
 # %% Host ---------------------------------------------------------------------------------------------------
 
@@ -283,20 +115,10 @@ def launch_args(q, k, v, causal, variant, o=None, lse=None):
     """(grid, args, kwargs, o, lse) of one launch; tensors may be on the CPU (the compile report)."""
     B, H, N, D = q.shape
     wg, bn, stages, maxnreg, cregs, lregs, pp = VARIANTS[variant]
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q2, k2, v2 = (t.view(B * H * N, D) for t in (q, k, v))
-    q_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS, D], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
-    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [WG_ROWS, D], q_layout)
-    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D], kv_layout)
-    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D], kv_layout)
     o = torch.empty_like(q) if o is None else o
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32) if lse is None else lse
-    n_m = triton.cdiv(N, wg * 64)
-    grid = (B * H, n_m) if causal else (n_m, B * H)
-    args = (q_desc, k_desc, v_desc, o, lse, N, D ** -0.5 * LOG2E)
-    kwargs = dict(HEAD_DIM=D, BLOCK_N=bn, STAGES=stages, NUM_WG=wg, CONSUMER_REGS=cregs, LOADER_REGS=lregs,
-                  IS_CAUSAL=bool(causal), PINGPONG=pp, num_warps=4, maxnreg=maxnreg)
+    grid, args, kwargs = _solution_launch_args(q, k, v, o, lse, causal, D ** -0.5,
+                                               (wg, bn, stages, maxnreg, cregs, lregs), pingpong=pp)
     return grid, args, kwargs, o, lse
 
 

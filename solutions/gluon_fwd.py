@@ -1,0 +1,308 @@
+# SOLUTION-ONLY FILE: no stub (attnlib/stubgen.py); a whole forward kernel would give step 05's regions away.
+"""Step 05's forward for Hopper at long sequences, in Gluon and warp-specialized: the solution's forward uses it on an
+sm_90 GPU where it applies.
+
+Notebook 06 §11 ("What Triton cannot write, Gluon can") teaches it beside step 06's Gluon dK/dV kernel. A CTA owns
+NUM_WG x 64 query rows and is split by ``gl.warp_specialize`` into partitions that run side by side:
+
+    loader (1 warp, 24 registers)      Q's row blocks, then K_j, V_j by TMA into STAGES buffers; waits for a buffer's
+                                       ``empty`` mbarrier (every consumer done with it) before refilling it
+    consumer warpgroups (4 warps each) their own 64 rows: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued, S_j waited
+                                       for alone, its softmax while P_{j-1} V_{j-1} runs (FlashAttention-3's
+                                       intra-warpgroup order), then the buffer handed back by an mbarrier arrive
+
+The registers move from the loader to the consumers (``setmaxnreg`` under the kernel's ``maxnreg``). Measured (H200,
+bf16, ``bench/experiments/gluon_fwd_ws.py``, results/h200/triton/gluon_fwd_ws_1203/), against step 05's Triton
+kernel in the same run, at N=16384: D=64 three consumer warpgroups and 128-key tiles 1.08x causal, 1.14x not
+(0.99x and 1.06x cuDNN); D=128 two warpgroups and three stages 1.04x causal, 1.09x not (1.01x, 0.99x cuDNN); the
+CS336 leaderboard shape level (1.268 ms against 1.277-1.335). At N=4096 it lost or tied (0.84-1.03x): so the path
+starts at ``MIN_LEN`` = 16384, where it was measured. Where it applies: D 64 or 128, fp16/bf16, self-attention (one
+shape for q, k, v), contiguous (B, H, N, D), N >= MIN_LEN and a multiple of 64, causal or not. Elsewhere, on other
+GPUs, while a compiler traces the call, and with ``ATTN_GLUON_FWD=0`` in the environment, step 05 runs its Triton
+kernel.
+
+Your step 05 (``steps/``) does not call this file: its forward runs the Triton kernel you write, on every GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError as e:          # a Triton without Gluon: step 05 keeps its Triton kernel
+    from types import SimpleNamespace
+    gluon = SimpleNamespace(jit=lambda fn: fn)      # the kernels below are then never launched
+    GLUON_MISSING = f"{type(e).__name__}: {e}"
+else:
+    GLUON_MISSING = None
+
+LOG2E = 1.4426950408889634
+WG_ROWS = 64          # query rows a consumer warpgroup owns (one m64 wgmma)
+# (NUM_WG, BLOCK_N, STAGES, maxnreg, consumer registers, loader registers) by head dim: the experiment's best at
+# N=16384 ("ws 3wg n128 s2" at D=64, "ws 2wg n128 s3" at D=128). A warpgroup is the unit of registers:
+# (NUM_WG + 1) warpgroups x 128 threads x maxnreg <= 65536.
+TILES = {64: (3, 128, 2, 128, 160, 24), 128: (2, 128, 3, 168, 240, 24)}
+MIN_LEN = 16384
+LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
+
+
+def enabled() -> bool:
+    """False when ``ATTN_GLUON_FWD=0`` is in the environment (step 05 then runs its Triton kernel everywhere)."""
+    return os.environ.get("ATTN_GLUON_FWD", "1") != "0"
+
+
+def device_reason(q) -> str | None:
+    """Why this Triton and ``q``'s device cannot run the kernel, or None."""
+    if GLUON_MISSING:
+        return f"this Triton has no Gluon ({GLUON_MISSING})"
+    if not enabled():
+        return "ATTN_GLUON_FWD=0"
+    if type(q) is not torch.Tensor:
+        return "a tensor subclass (a compiler tracing): the Triton kernel is what it can see"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return "not a Hopper GPU (sm_90: warpgroup_mma, TMA and setmaxnreg as this kernel uses them)"
+    return None
+
+
+def shape_reason(q4, k4, v4) -> str | None:
+    """Why the kernel does not cover these (B, H, N, D) views, or None when it does."""
+    if not (q4.shape == k4.shape == v4.shape):
+        return "q, k and v of different shapes (the kernel is self-attention only)"
+    if q4.dtype not in (torch.float16, torch.bfloat16) or len({t.dtype for t in (q4, k4, v4)}) != 1:
+        return "not one 16-bit dtype"
+    B, H, N, D = q4.shape
+    if D not in TILES:
+        return f"D={D} (measured at D in {sorted(TILES)})"
+    if N < MIN_LEN:
+        return f"N={N}: the path lost or tied below N={MIN_LEN} (bench/experiments/gluon_fwd_ws.py)"
+    if N % WG_ROWS:
+        return f"N={N} is not a multiple of {WG_ROWS}"
+    if not all(t.is_contiguous() for t in (q4, k4, v4)):
+        return "not contiguous (B, H, N, D)"
+    return None
+
+
+def not_covered(q4, k4, v4) -> str | None:
+    """Why the Gluon kernel does not apply here, or None when it does."""
+    return device_reason(q4) or shape_reason(q4, k4, v4)
+
+
+# %% The kernel: a loader partition and NUM_WG consumer partitions --------------------------------------------------
+
+@gluon.jit
+def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
+               NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: Q's NUM_WG row blocks, then K_j and V_j into buffer j % STAGES as soon as the consumers hand it back."""
+    mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(q_desc, [row0 + start_m + w * 64, 0], q_bar, q_smem.index(w))
+    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+    for j in range(n_tiles):
+        st = j % STAGES
+        # An mbarrier starts with its phase "1" complete: the first round of waits passes at once.
+        mbarrier.wait(empty.index(st), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(st), kv_bytes)
+        tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
+        tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
+
+
+@gluon.jit
+def _ws_consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N,
+                 WG: gl.constexpr, NUM_WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, PINGPONG: gl.constexpr):
+    """One warpgroup: the softmax and both products of its 64 query rows, FlashAttention-3's intra-warpgroup order.
+    PINGPONG: the consumers issue their products in turn (warpgroup WG waits for ``turn[WG]``, issues, then hands the
+    turn to the next), so one warpgroup's products run under the others' softmax (FlashAttention-3's inter-warpgroup
+    schedule); every warpgroup takes n_tiles + 1 turns."""
+    BM: gl.constexpr = 64
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    m_start = start_m + WG * BM
+    offs_m = m_start + gl.arange(0, BM, layout=row_s)
+    q_tile = q_smem.index(WG)
+    m_i = gl.full([BM], float("-inf"), gl.float32, layout=row_s)
+    acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
+    zero_s = gl.zeros([BM, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar, phase=0)
+
+    # Tile 0: S_0 and its softmax (no O to rescale yet).
+    mbarrier.wait(ready.index(0), phase=0)
+    if PINGPONG:
+        # Warpgroup 0's first wait passes at once (an mbarrier starts with phase "1" complete).
+        mbarrier.wait(turn.index(WG), phase=1 if WG == 0 else 0)
+    s_acc = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
+    s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
+    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+    if IS_CAUSAL:
+        s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
+    else:
+        if BLOCK_N > N:
+            s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
+    m_i = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
+    p = gl.exp2(s_acc * qk_scale - m_i[:, None])
+    l_i = gl.sum(p, 1)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    for j in range(1, n_tiles):
+        st = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), phase=(j & 1) ^ (1 if WG == 0 else 0))
+        s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
+        s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
+        # The softmax of S_j while P_{j-1} V_{j-1} is still on the tensor cores.
+        if IS_CAUSAL:
+            if j * BLOCK_N + BLOCK_N > m_start:
+                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
+        else:
+            # The last key tile may run past N into the next head's rows (or past the tensor: TMA reads zeros).
+            if j * BLOCK_N + BLOCK_N > N:
+                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s_acc * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+        # K_{j-1} (read by S_{j-1}) and V_{j-1} (read by the product just waited for): this warpgroup is done with them.
+        mbarrier.arrive(empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    last = (n_tiles - 1) % STAGES
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), phase=(n_tiles & 1) ^ (1 if WG == 0 else 0))
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(empty.index(last), count=1)
+
+    acc = acc / gl.convert_layout(l_i, row_o)[:, None]
+    rows_o = m_start + gl.arange(0, BM, layout=row_o)
+    cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o_ptrs = O + (row0 + rows_o)[:, None].to(gl.int64) * HEAD_DIM + cols_o[None, :]
+    # Rows past N (the CTA's last tile when N is not a multiple of its rows) are computed and not stored.
+    gl.store(o_ptrs, acc.to(dtype), mask=(rows_o < N)[:, None])
+    gl.store(LSE + row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < N)
+
+
+@gluon.jit
+def _gluon_fwd_ws(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
+                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
+                  CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                  PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+    BM_CTA: gl.constexpr = NUM_WG * 64
+    n_m = gl.cdiv(N, BM_CTA)
+    if IS_CAUSAL:
+        pid = n_m - 1 - gl.program_id(1)         # every head's heaviest query tile first (step 05's HEADS_FIRST)
+        bh = gl.program_id(0)
+    else:
+        pid = gl.program_id(0)
+        bh = gl.program_id(1)
+    start_m = pid * BM_CTA
+    row0 = bh * N
+    dtype: gl.constexpr = q_desc.dtype
+
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(NUM_WG):
+        mbarrier.init(turn.index(w), count=1)
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=NUM_WG)
+
+    if IS_CAUSAL:
+        hi = gl.minimum(start_m + BM_CTA, N)
+    else:
+        hi = N
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+
+    # The argument tuples written out in full: a tuple built by `+` in a kernel drops its constexprs' wrapping.
+    if NUM_WG == 2:
+        gl.warp_specialize([
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 0, NUM_WG, HEAD_DIM,
+                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 1, NUM_WG, HEAD_DIM,
+                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
+                          NUM_WG, BLOCK_N, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 0, NUM_WG, HEAD_DIM,
+                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 1, NUM_WG, HEAD_DIM,
+                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 2, NUM_WG, HEAD_DIM,
+                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
+                          NUM_WG, BLOCK_N, STAGES)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+
+
+# %% Host -----------------------------------------------------------------------------------------------------------
+
+def launch_args(q4, k4, v4, o4, lse, is_causal, scale, tiles, pingpong=False):
+    """(grid, args, kwargs) of one launch on contiguous (B, H, N, D) q4, k4, v4 and outputs ``o4`` (like q4) and
+    ``lse`` ((B, H, N) float32, contiguous); ``tiles`` as in ``TILES``. Tensors may be on the CPU (a compile report)."""
+    B, H, N, D = q4.shape
+    wg, bn, stages, maxnreg, cregs, lregs = tiles
+    gdt = gl.bfloat16 if q4.dtype == torch.bfloat16 else gl.float16
+    q2, k2, v2 = (t.view(B * H * N, D) for t in (q4, k4, v4))
+    q_layout = gl.NVMMASharedLayout.get_default_for([WG_ROWS, D], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([bn, D], gdt)
+    q_desc = TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [WG_ROWS, D], q_layout)
+    k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [bn, D], kv_layout)
+    v_desc = TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [bn, D], kv_layout)
+    n_m = triton.cdiv(N, wg * WG_ROWS)
+    grid = (B * H, n_m) if is_causal else (n_m, B * H)
+    args = (q_desc, k_desc, v_desc, o4, lse, N, scale * LOG2E)
+    kwargs = dict(HEAD_DIM=D, BLOCK_N=bn, STAGES=stages, NUM_WG=wg, CONSUMER_REGS=cregs, LOADER_REGS=lregs,
+                  IS_CAUSAL=bool(is_causal), PINGPONG=bool(pingpong), num_warps=4, maxnreg=maxnreg)
+    return grid, args, kwargs
+
+
+def launch_if_covered(q, k, v, is_causal, scale):
+    """Step 05's hook: ``(O, LSE)`` from the Gluon kernel where it applies (``not_covered``), else None. q, k, v as
+    step 05's ``forward`` takes them; O shaped like q, LSE ``q.shape[:-1]`` float32, both contiguous."""
+    global LAUNCHES
+    from .step05_triton_fwd import as_bhnd
+    q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
+    if not_covered(q4, k4, v4) is not None:
+        return None
+    o = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    grid, args, kwargs = launch_args(q4, k4, v4, as_bhnd(o), lse, is_causal, scale, TILES[q4.shape[-1]])
+    _gluon_fwd_ws[grid](*args, **kwargs)
+    LAUNCHES += 1
+    return o, lse

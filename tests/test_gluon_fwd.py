@@ -1,0 +1,193 @@
+"""Step 05's Hopper path: the solution's forward hands long sequences (N >= MIN_LEN) to its warp-specialized Gluon
+kernel (solutions/gluon_fwd.py) on an sm_90 GPU where the kernel applies, and runs its Triton kernel everywhere else.
+
+On a CPU: which inputs the kernel covers; the routing through step 05's ``forward`` with a stand-in for the hook; the
+stub's step 05 has no such path; the kernel is not given to students; the tiles are the experiment's measured best
+(its sm_90a compile is checked in tests/test_experiment_gluon_fwd_ws.py). On a Hopper GPU: the kernel runs, O and
+the gradients through step 06 against float64 as the course checks every step, at MIN_LEN and (MIN_LEN lowered) at
+ragged N, and the fallbacks.
+"""
+
+import importlib
+import os
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before triton is imported; conftest does the same
+
+import pytest  # noqa: E402
+
+from attnlib import make_qkv  # noqa: E402
+from attnlib.checks import check_attention  # noqa: E402
+from attnlib.loader import load_step  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = torch.cuda.is_available()
+HOPPER = GPU and torch.cuda.get_device_capability()[0] == 9
+pytestmark = [pytest.mark.step05,
+              pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]  # interpreter
+
+
+def _step05_and_gluon():
+    """Step 05's solution and the Gluon module it imports (the loader gives solutions/ a package name of its own)."""
+    s5 = load_step(5, "solutions")
+    return s5, importlib.import_module(f"{s5.__package__}.gluon_fwd")
+
+
+@pytest.fixture(autouse=True)
+def _gluon_on(monkeypatch):
+    """The path as step 05 ships it, whatever the process's environment."""
+    monkeypatch.setenv("ATTN_GLUON_FWD", "1")
+
+
+def _views(shape, dtype=torch.bfloat16):
+    return [torch.empty(shape, dtype=dtype) for _ in range(3)]
+
+
+def test_covers_what_was_measured_and_nothing_else():
+    _, g = _step05_and_gluon()
+    n = g.MIN_LEN
+    assert g.shape_reason(*_views((1, 16, n, 64))) is None
+    assert g.shape_reason(*_views((2, 1, 2 * n, 128), torch.float16)) is None
+    assert g.shape_reason(*_views((1, 2, n + 64, 64))) is None
+    q = _views((1, 2, n, 64))
+    for views, why in (
+            (_views((1, 2, n - 64, 64)), f"below N={n}"),
+            (_views((1, 2, 4096, 64)), f"below N={n}"),
+            (_views((1, 2, n + 32, 64)), "multiple of 64"),
+            (_views((1, 2, n, 96)), "D=96"),
+            (_views((1, 2, n, 64), torch.float32), "16-bit"),
+            (q[:1] + _views((1, 2, 2 * n, 64))[1:], "self-attention"),
+            ([t.transpose(1, 2).contiguous().transpose(1, 2) for t in q], "contiguous")):
+        reason = g.shape_reason(*views)
+        assert reason and why in reason, f"{why}: {reason}"
+    if not HOPPER:
+        assert g.device_reason(q[0]), "a CPU tensor is not refused by the Hopper path"
+
+
+def test_tiles_are_the_experiments_measured_best():
+    """The solution's tiles are the variants bench/experiments/gluon_fwd_ws.py measured best at N=16384, and the
+    experiment times the solution's kernel, not a copy."""
+    import importlib.util
+    _, g = _step05_and_gluon()
+    spec = importlib.util.spec_from_file_location("gluon_fwd_ws", ROOT / "bench" / "experiments" / "gluon_fwd_ws.py")
+    exp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(exp)
+    assert g.TILES[64] == exp.VARIANTS["ws 3wg n128 s2"][:6]
+    assert g.TILES[128] == exp.VARIANTS["ws 2wg n128 s3"][:6]
+    assert exp._gluon_fwd_ws.fn.__module__.endswith("gluon_fwd")
+
+
+@pytest.mark.skipif(GPU, reason="the stand-in runs on a CPU")
+def test_step05_forward_asks_the_hook_first_when_not_told(monkeypatch):
+    """``forward`` with neither ``tma`` nor ``config`` asks ``hopper_fwd`` first and returns what it gives; a call
+    that names its kernel (tma=False, a config) never reaches it; a hook that declines (None) leaves the Triton
+    kernel's result."""
+    s5, _ = _step05_and_gluon()
+    q, k, v = make_qkv(Nq=64, Nk=64, D=16, batch_shape=(1, 1), dtype=torch.float32)
+    calls = []
+    sentinel = (torch.zeros(1), torch.ones(1))
+
+    def take(*a):
+        calls.append(a)
+        return sentinel
+    monkeypatch.setattr(s5, "hopper_fwd", take)
+    assert s5.forward(q, k, v, True, 0.25) is sentinel and len(calls) == 1
+    assert calls[0][3:] == (True, 0.25)
+    o, lse = s5.forward(q, k, v, True, 0.25, tma=False)
+    assert len(calls) == 1 and o.shape == q.shape
+    monkeypatch.setattr(s5, "hopper_fwd", lambda *a: None)
+    o2, lse2 = s5.forward(q, k, v, True, 0.25)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+def test_stub_step05_has_no_gluon_path():
+    """The stub's step 05 runs the student's Triton kernel on every GPU: the solution's import of the Gluon hook is
+    SOLUTION-ONLY, and what stays is the hook that declines."""
+    from attnlib.stubgen import make_stub
+    sol = (ROOT / "solutions" / "step05_triton_fwd.py").read_text()
+    assert "import launch_if_covered as hopper_fwd" in sol
+    stub = make_stub(sol, "step05_triton_fwd.py")
+    assert "gluon_fwd import" not in stub, "the stub of step 05 imports the solution's Gluon kernel"
+    assert (ROOT / "steps" / "step05_triton_fwd.py").read_text() == stub, "steps/ is stale: `make stubs`"
+    ns = {}
+    start = stub.index("def hopper_fwd(")
+    exec(stub[start:stub.index("\n\n\n", start)], ns)
+    assert ns["hopper_fwd"](*[None] * 5) is None
+
+
+def test_kernel_is_not_given_to_students(tmp_path):
+    """solutions/gluon_fwd.py has no stub (a whole forward kernel would give step 05's regions away), and the release
+    gate treats its code as the solution's: a folder holding a copy of it leaks."""
+    import shutil
+
+    from attnlib import stubgen
+    from grading import leaks
+    assert "gluon_fwd.py" in stubgen.solution_only_files()
+    assert "gluon_fwd.py" not in stubgen.generate() and not (ROOT / "steps" / "gluon_fwd.py").exists()
+    shutil.copy(ROOT / "solutions" / "gluon_fwd.py", tmp_path / "notes.py")
+    found, _ = leaks.scan(tmp_path)
+    assert any("gluon_fwd.py" in str(x) for x in found), "the release gate does not see the Gluon kernel's code"
+
+
+# %% On a Hopper GPU ------------------------------------------------------------------------------------------------
+
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on an sm_90 GPU (Hopper) only")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d, dtype", [(64, torch.bfloat16), (128, torch.bfloat16), (64, torch.float16)],
+                         ids=["d64-bf16", "d128-bf16", "d64-fp16"])
+def test_hopper_path_at_min_len(d, dtype, is_causal):
+    """Step 05's solution at N = MIN_LEN on Hopper: the Gluon kernel runs and O passes the course's float64 check;
+    through step 06 (its forward is step 05's) dQ, dK, dV pass too."""
+    s5, g = _step05_and_gluon()
+    q, k, v = make_qkv(Nq=g.MIN_LEN, Nk=g.MIN_LEN, D=d, batch_shape=(1, 1), dtype=dtype, device="cuda")
+    before = g.LAUNCHES
+    check_attention(s5.attention, q, k, v, is_causal=is_causal, grads=False)
+    assert g.LAUNCHES == before + 1, "step 05's forward did not run the Gluon kernel on Hopper at MIN_LEN"
+    if d == 64 and dtype == torch.bfloat16:
+        s6 = load_step(6, "solutions")
+        check_attention(s6.attention, q, k, v, is_causal=is_causal)
+        assert g.LAUNCHES == before + 2, "step 06's forward did not run step 05's Gluon kernel"
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("n, d, is_causal", [(1088, 64, True), (1088, 64, False), (4032, 128, False),
+                                             (2112, 128, True)])
+def test_hopper_path_ragged_n(monkeypatch, n, d, is_causal):
+    """MIN_LEN lowered so that short, ragged N take the kernel: N not a multiple of the 128-key tiles nor of the
+    CTA's 128 or 192 rows (the last key tile masked, the rows past N not stored), odd batch x heads."""
+    s5, g = _step05_and_gluon()
+    monkeypatch.setattr(g, "MIN_LEN", 64)
+    q, k, v = make_qkv(Nq=n, Nk=n, D=d, batch_shape=(3,), dtype=torch.bfloat16, device="cuda")
+    before = g.LAUNCHES
+    check_attention(s5.attention, q, k, v, is_causal=is_causal, grads=False)
+    assert g.LAUNCHES == before + 1
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_hopper_path_off_and_fallbacks(monkeypatch):
+    """``ATTN_GLUON_FWD=0``, a call that names its kernel, and inputs below MIN_LEN take step 05's Triton kernel: no
+    launch; with the path on, O from the Gluon kernel is close to the Triton kernel's and LSE too."""
+    s5, g = _step05_and_gluon()
+    n = g.MIN_LEN
+    q, k, v = make_qkv(Nq=n, Nk=n, D=64, batch_shape=(1, 1), dtype=torch.bfloat16, device="cuda")
+    before = g.LAUNCHES
+    on = s5.forward(q, k, v, True, 0.125)
+    assert g.LAUNCHES == before + 1
+    off = s5.forward(q, k, v, True, 0.125, tma=False)
+    monkeypatch.setenv("ATTN_GLUON_FWD", "0")
+    s5.forward(q, k, v, True, 0.125)
+    monkeypatch.setenv("ATTN_GLUON_FWD", "1")
+    q2, k2, v2 = make_qkv(Nq=n - 64, Nk=n - 64, D=64, batch_shape=(1, 1), dtype=torch.bfloat16, device="cuda")
+    s5.forward(q2, k2, v2, True, 0.125)
+    assert g.LAUNCHES == before + 1, "the Gluon kernel ran where it was turned off, not asked for, or not covering"
+    torch.testing.assert_close(on[0], off[0])            # bf16's own tolerances: a rounding apart at most
+    torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=1e-5)
