@@ -7,7 +7,6 @@ raises NotImplementedError, so no Triton kernel runs in the backward. The grader
 """
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_untouched_step06_after_step05_is_not_implemented(tmp_path):
     sub = tmp_path / "submission"
     stubgen.write(stubgen.SOLUTIONS, sub)                       # every step a pristine stub...
-    for f in ("step04_flash_torch.py", "step05_triton_fwd.py"):  # ...but 04 and 05 done
-        shutil.copy(stubgen.SOLUTIONS / f, sub / f)
+    for f in ("step04_flash_torch.py", "step05_triton_fwd.py"):  # ...but 04 and 05 done, as a student hands them in
+        (sub / f).write_text(stubgen.as_submitted((stubgen.SOLUTIONS / f).read_text()))   # (no SOLUTION-ONLY line)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "grading", "--impl", str(sub), "--step", "6", "--out", str(out),
                            "--cache", str(tmp_path / "cache"), "--quiet"],
