@@ -17,7 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "experiments" / "gluon_fwd_ws.py"
 pytestmark = [pytest.mark.step05]
-VARIANTS = ["ws 2wg n128 s2", "ws 3wg n128 s2 pp"]
+VARIANTS = ["ws 2wg n128 s2", "ws 3wg n128 s2 pp", "pers 2wg n128 s2"]
 
 
 @functools.cache
@@ -31,7 +31,8 @@ def _reports():
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("variant, consumer_regs", [("ws 2wg n128 s2", 240), ("ws 3wg n128 s2 pp", 160)])
+@pytest.mark.parametrize("variant, consumer_regs", [("ws 2wg n128 s2", 240), ("ws 3wg n128 s2 pp", 160),
+                                                    ("pers 2wg n128 s2", 240)])
 def test_registers_move_from_the_loader_to_the_consumers(variant, consumer_regs):
     rep = _reports()[f"{variant} D64 causal"]
     assert isinstance(rep, dict), rep
@@ -62,3 +63,4 @@ def test_refuses_what_it_does_not_cover():
     with pytest.raises(ValueError, match="16-bit"):
         mod.check_inputs(q, q, q)
     assert not mod.fits("ws 3wg n128 s2", 128) and mod.fits("ws 2wg n128 s3", 128)
+    assert not mod.fits("pers 2wg n128 s3", 128) and mod.fits("pers 2wg n128 s2", 128)   # two Q sets when persistent

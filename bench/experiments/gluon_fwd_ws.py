@@ -23,7 +23,7 @@ fp16 once). (2) forward only, do_bench median (rep 300 ms), bf16: the CS336 lead
 grid at N 4096 and 16384 (B = 16384/N, H = 2048/D), each variant beside step 05, ``gluon_fwd_overlap``'s best
 ("overlap 128x64 s3 w8") and cuDNN's SDPA forward in the same run.
 
-    python bench/experiments/gluon_fwd_ws.py --out DIR     # an H200: about 3 minutes
+    python bench/experiments/gluon_fwd_ws.py --out DIR [--round 2]    # an H200: about 3 minutes
     python bench/experiments/gluon_fwd_ws.py --aot-check   # no GPU: compile every variant for sm_90a
 (not under TRITON_INTERPRET=1; tests/test_experiment_gluon_fwd_ws.py compiles in a subprocess.)
 
@@ -36,6 +36,12 @@ three consumer warpgroups with 128-key tiles ("ws 3wg n128 s2") 1.08x causal (2.
 it loses or ties: D=64 causal 0.99x step 05 at best, not causal 1.02x; D=128 0.96x causal, 1.03x not. Ping-pong
 (consumers issuing in turns) changed nothing beyond 2%; two stages at D=128 and 64-key tiles lost everywhere. So
 step 05's solution hands N >= 16384 on Hopper to this kernel at those two tile sets (solutions/gluon_fwd.py).
+
+Round 2 (``--round 2``, not yet run on a GPU): the same partitions made persistent (``_gluon_fwd_ws_persistent``: one
+CTA an SM walking work tiles, the loader running on into the next tile's Q and K/V while the consumers finish this
+one), against round 1's best and step 05 at N 4096, 8192 and 16384: does it take N=4096 past step 05 and toward
+cuDNN, and where should MIN_LEN be? ``--aot-check --round 2``: no spill but 24 B at D=64 causal with three
+consumer warpgroups (160 registers each).
 """
 
 from __future__ import annotations
@@ -54,6 +60,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from bench.experiments import gpu_run  # noqa: E402
 from bench.experiments import gluon_fwd_overlap as gfo  # noqa: E402
@@ -69,6 +79,178 @@ LOG2E = 1.4426950408889634
 # %% The kernel -----------------------------------------------------------------------------------------------
 # Step 05's since this experiment's first run: solutions/gluon_fwd.py holds ``_gluon_fwd_ws`` (and the partitions
 # ``_ws_loader``, ``_ws_consumer``); this file times its variants.
+
+# Round 2: the same partitions made persistent. At N=4096 round 1's kernel lost 0.96-1.03x step 05 where at N=16384 it
+# won 1.04-1.14x, with the same number of CTAs: per CTA about 7 us of fixed cost (Q's load, filling the K/V ring,
+# the epilogue) that nothing overlaps, one CTA an SM. Here the grid is one CTA an SM and each walks work tiles
+# t = pid, pid + G, ... (causal: every head's heaviest query tile first, as step 05 orders them); the loader runs on
+# into the next tile's Q (two Q buffers) and K/V (one ring across tiles) while the consumers finish and store this one.
+
+@gluon.jit
+def _tile_coords(t, BH, n_m, N, BM_CTA: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    if IS_CAUSAL:
+        bh = t % BH
+        start_m = (n_m - 1 - t // BH) * BM_CTA
+        hi = gl.minimum(start_m + BM_CTA, N)
+    else:
+        bh = t // n_m
+        start_m = (t % n_m) * BM_CTA
+        hi = N
+    return bh * N, start_m, gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def _pers_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N,
+                 NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    BM_CTA: gl.constexpr = NUM_WG * 64
+    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+    kv = 0
+    i = 0
+    for t in range(gl.program_id(0), BH * n_m, gl.num_programs(0)):
+        row0, start_m, n_tiles = _tile_coords(t, BH, n_m, N, BM_CTA, BLOCK_N, IS_CAUSAL)
+        qb = i % 2
+        mbarrier.wait(q_empty.index(qb), ((i // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qb), NUM_WG * q_desc.block_type.nbytes)
+        for w in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [row0 + start_m + w * 64, 0], q_ready.index(qb),
+                                            q_smem.index(qb * NUM_WG + w))
+        for j in range(n_tiles):
+            st = kv % STAGES
+            mbarrier.wait(empty.index(st), ((kv // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(st), kv_bytes)
+            tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
+            tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
+            kv += 1
+        i += 1
+
+
+@gluon.jit
+def _pers_consumer(O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                   WG: gl.constexpr, NUM_WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    BM: gl.constexpr = 64
+    BM_CTA: gl.constexpr = NUM_WG * 64
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([BM, BLOCK_N], gl.float32, layout=s_layout)
+    kv = 0
+    i = 0
+    for t in range(gl.program_id(0), BH * n_m, gl.num_programs(0)):
+        row0, start_m, n_tiles = _tile_coords(t, BH, n_m, N, BM_CTA, BLOCK_N, IS_CAUSAL)
+        m_start = start_m + WG * BM
+        offs_m = m_start + gl.arange(0, BM, layout=row_s)
+        qb = i % 2
+        q_tile = q_smem.index(qb * NUM_WG + WG)
+        mbarrier.wait(q_ready.index(qb), (i // 2) & 1)
+
+        st = kv % STAGES
+        mbarrier.wait(ready.index(st), (kv // STAGES) & 1)
+        s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+        if IS_CAUSAL:
+            s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
+        else:
+            if BLOCK_N > N:
+                s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
+        m_i = gl.max(s_acc, 1) * qk_scale
+        p = gl.exp2(s_acc * qk_scale - m_i[:, None])
+        l_i = gl.sum(p, 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
+
+        for j in range(1, n_tiles):
+            st = (kv + j) % STAGES
+            prev = (kv + j - 1) % STAGES
+            mbarrier.wait(ready.index(st), ((kv + j) // STAGES) & 1)
+            s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
+            if IS_CAUSAL:
+                if j * BLOCK_N + BLOCK_N > m_start:
+                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                    s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
+            else:
+                if j * BLOCK_N + BLOCK_N > N:
+                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                    s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s_acc * qk_scale - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        # Every S of this tile is waited for: Q's buffer can take the tile after next.
+        mbarrier.arrive(q_empty.index(qb), count=1)
+        last = (kv + n_tiles - 1) % STAGES
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(last), count=1)
+
+        acc = acc / gl.convert_layout(l_i, row_o)[:, None]
+        rows_o = m_start + gl.arange(0, BM, layout=row_o)
+        cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = O + (row0 + rows_o)[:, None].to(gl.int64) * HEAD_DIM + cols_o[None, :]
+        gl.store(o_ptrs, acc.to(dtype), mask=(rows_o < N)[:, None])
+        gl.store(LSE + row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < N)
+        kv += n_tiles
+        i += 1
+
+
+@gluon.jit
+def _gluon_fwd_ws_persistent(q_desc, k_desc, v_desc, O, LSE, BH, N, qk_scale,
+                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                             NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                             IS_CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    BM_CTA: gl.constexpr = NUM_WG * 64
+    n_m = gl.cdiv(N, BM_CTA)
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(q_ready.index(b), count=1)
+        mbarrier.init(q_empty.index(b), count=NUM_WG)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=NUM_WG)
+    # Written out in full, as in solutions/gluon_fwd.py (a tuple built by `+` drops its constexprs' wrapping).
+    if NUM_WG == 2:
+        gl.warp_specialize([
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m,
+                            N, NUM_WG, BLOCK_N, STAGES, IS_CAUSAL)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              2, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m,
+                            N, NUM_WG, BLOCK_N, STAGES, IS_CAUSAL)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+
 
 # %% Host ---------------------------------------------------------------------------------------------------
 
@@ -86,6 +268,15 @@ VARIANTS = {
     "ws 2wg n64 s3 pp": (2, 64, 3, 168, 240, 24, True),
     "ws 3wg n128 s2 pp": (3, 128, 2, 128, 160, 24, True),
 }
+# Round 2: persistent (``_gluon_fwd_ws_persistent``), (NUM_WG, BLOCK_N, STAGES, maxnreg, consumer regs, loader regs).
+PERSISTENT = {
+    "pers 3wg n128 s2": (3, 128, 2, 128, 160, 24),
+    "pers 3wg n128 s3": (3, 128, 3, 128, 160, 24),
+    "pers 2wg n128 s2": (2, 128, 2, 168, 240, 24),
+    "pers 2wg n128 s3": (2, 128, 3, 168, 240, 24),
+}
+ROUNDS = {1: list(VARIANTS),
+          2: ["ws 3wg n128 s2", "ws 2wg n128 s3"] + list(PERSISTENT)}    # round 1's best (step 05's since), persistent
 GLUON_BASELINE = "overlap 128x64 s3 w8"     # gluon_fwd_overlap's best kernel (not warp-specialized)
 
 
@@ -104,19 +295,29 @@ def check_inputs(q, k, v):
 
 
 def fits(variant: str, d: int) -> bool:
-    """Shared memory: Q's NUM_WG 64-row blocks and STAGES K and V tiles within Hopper's 227 KB."""
-    wg, bn, stages = VARIANTS[variant][:3]
+    """Shared memory: Q's NUM_WG 64-row blocks (two sets when persistent) and STAGES K and V tiles within Hopper's
+    227 KB."""
+    wg, bn, stages = (PERSISTENT.get(variant) or VARIANTS[variant])[:3]
     if wg == 3 and d == 128:
         return False        # the consumers' 160 registers spill ~830 B at D=128 (--aot-check)
-    return (wg * 64 * d + stages * 2 * bn * d) * 2 + 1024 <= 227 * 1024
+    q_sets = 2 if variant in PERSISTENT else 1
+    return (q_sets * wg * 64 * d + stages * 2 * bn * d) * 2 + 1024 <= 227 * 1024
 
 
 def launch_args(q, k, v, causal, variant, o=None, lse=None):
     """(grid, args, kwargs, o, lse) of one launch; tensors may be on the CPU (the compile report)."""
     B, H, N, D = q.shape
-    wg, bn, stages, maxnreg, cregs, lregs, pp = VARIANTS[variant]
     o = torch.empty_like(q) if o is None else o
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32) if lse is None else lse
+    if variant in PERSISTENT:
+        tiles = PERSISTENT[variant]
+        _, args, kwargs = _solution_launch_args(q, k, v, o, lse, causal, D ** -0.5, tiles)
+        kwargs.pop("PINGPONG")
+        q_desc, k_desc, v_desc, o, lse, n, qk_scale = args
+        n_work = B * H * triton.cdiv(N, tiles[0] * 64)
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+        return (min(sms, n_work),), (q_desc, k_desc, v_desc, o, lse, B * H, n, qk_scale), kwargs, o, lse
+    wg, bn, stages, maxnreg, cregs, lregs, pp = VARIANTS[variant]
     grid, args, kwargs = _solution_launch_args(q, k, v, o, lse, causal, D ** -0.5,
                                                (wg, bn, stages, maxnreg, cregs, lregs), pingpong=pp)
     return grid, args, kwargs, o, lse
@@ -125,7 +326,7 @@ def launch_args(q, k, v, causal, variant, o=None, lse=None):
 def forward(q, k, v, causal, variant):
     check_inputs(q, k, v)
     grid, args, kwargs, o, lse = launch_args(q, k, v, causal, variant)
-    _gluon_fwd_ws[grid](*args, **kwargs)
+    (_gluon_fwd_ws_persistent if variant in PERSISTENT else _gluon_fwd_ws)[grid](*args, **kwargs)
     return o, lse
 
 
@@ -172,14 +373,14 @@ def correctness(names) -> dict:
 
 # %% (2) timing ---------------------------------------------------------------------------------------------
 
-def timing(budget_s: float, names) -> dict:
+def timing(budget_s: float, names, lengths=(4096, 16384)) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from attnlib.loader import load_step
     s5 = load_step(5, "solutions")
     shapes = [("leaderboard", 1, 16, 16384, 64, True)] + [
-        ("grid", 16384 // n, 2048 // d, n, d, c) for d in (64, 128) for c in (True, False) for n in (4096, 16384)]
+        ("grid", 16384 // n, 2048 // d, n, d, c) for d in (64, 128) for c in (True, False) for n in lengths]
     rows = []
     for label, b, h, n, d, causal in shapes:
         if time.time() - T0 > budget_s:
@@ -226,7 +427,7 @@ def compile_sm90(variant: str, d: int, causal: bool):
     """The kernel of ``variant`` compiled for sm_90a without a GPU (``gluon_fwd_overlap.compile_for_sm90``)."""
     q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
     grid, args, kwargs, _, _ = launch_args(q, q, q, causal, variant)
-    return gfo.compile_for_sm90(_gluon_fwd_ws, args, kwargs)
+    return gfo.compile_for_sm90(_gluon_fwd_ws_persistent if variant in PERSISTENT else _gluon_fwd_ws, args, kwargs)
 
 
 def report(variant: str, d: int, causal: bool) -> dict:
@@ -281,9 +482,12 @@ def main():
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--quick", action="store_true", help="with --aot-check: D=64 causal only")
     ap.add_argument("--budget-s", type=float, default=240)
-    ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS (default: all)")
+    ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS or PERSISTENT (default: "
+                                                     "the round's)")
+    ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS),
+                    help="1: the first run's variants; 2: persistent, beside round 1's best, N 4096-16384")
     args = ap.parse_args()
-    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    names = args.variants.split(",") if args.variants else ROUNDS[args.round]
     if args.aot_check:
         return aot_check(names, args.quick)
     if not torch.cuda.is_available():
@@ -306,7 +510,7 @@ def main():
 
     @REC.part("2 forward timing")
     def part2():
-        return timing(args.budget_s, timed)
+        return timing(args.budget_s, timed, (4096, 8192, 16384) if args.round == 2 else (4096, 16384))
     if timed:
         part2()
     REC.save()
