@@ -966,7 +966,9 @@ for r in ws["timing_rows"]:
 # At N = 16384 warp specialization pays: 1.04-1.14x step 05 and 0.99-1.06x cuDNN, past cuDNN without a causal mask at
 # D = 64 (three consumer warpgroups, 192-row tiles). At N = 4096 it loses or ties: a CTA's loop is short, and the
 # split's fixed costs (a CTA of four warpgroups, one of them mostly idle, barriers every tile) are not repaid. Ping-pong
-# added nothing over letting the warp schedulers interleave the consumers (within 2%). So the solution of step 05
+# ran 0.95-1.06x the same kernel without it: it helped only where two stages starved the consumers (D = 128,
+# N = 16384), and three stages without it were faster still; the warp schedulers interleave the consumers well
+# enough by themselves. So the solution of step 05
 # hands N >= 16384 to this kernel on Hopper (`solutions/gluon_fwd.py`, `hopper_fwd` in the step; `ATTN_GLUON_FWD=0`
 # turns it off) and keeps its Triton kernel below. The leaderboard shape is level (1.27 ms either way, as cuDNN): the
 # forward was never where step 06 trails cuDNN there. Compiled (`torch.compile`), step 05's forward is an operator

@@ -15,7 +15,8 @@ The registers move from the loader to the consumers (``setmaxnreg`` under the ke
 bf16, ``bench/experiments/gluon_fwd_ws.py``, results/h200/triton/gluon_fwd_ws_1203/), against step 05's Triton
 kernel in the same run, at N=16384: D=64 three consumer warpgroups and 128-key tiles 1.08x causal, 1.14x not
 (0.99x and 1.06x cuDNN); D=128 two warpgroups and three stages 1.04x causal, 1.09x not (1.01x, 0.99x cuDNN); the
-CS336 leaderboard shape level (1.268 ms against 1.277-1.335). At N=4096 it lost or tied (0.84-1.03x): so the path
+CS336 leaderboard shape level (1.268 ms against 1.277-1.335). At N=4096 it lost or tied (0.95-1.03x at these
+tiles): so the path
 starts at ``MIN_LEN`` = 16384, where it was measured. Where it applies: D 64 or 128, fp16/bf16, self-attention (one
 shape for q, k, v), contiguous (B, H, N, D), N >= MIN_LEN and a multiple of 64, causal or not. Elsewhere, on other
 GPUs, while a compiler traces the call, and with ``ATTN_GLUON_FWD=0`` in the environment, step 05 runs its Triton
@@ -99,7 +100,8 @@ def not_covered(q4, k4, v4) -> str | None:
 @gluon.jit
 def _ws_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
                NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: Q's NUM_WG row blocks, then K_j and V_j into buffer j % STAGES as soon as the consumers hand it back."""
+    """One warp: Q's NUM_WG row blocks, then K_j and V_j into buffer j % STAGES as soon as the consumers hand it
+    back."""
     mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
         tma.async_copy_global_to_shared(q_desc, [row0 + start_m + w * 64, 0], q_bar, q_smem.index(w))
@@ -250,21 +252,21 @@ def _gluon_fwd_ws(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
     # The argument tuples written out in full: a tuple built by `+` in a kernel drops its constexprs' wrapping.
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 0, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 1, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles,
+                            qk_scale, N, 0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles,
+                            qk_scale, N, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
                           NUM_WG, BLOCK_N, STAGES)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 0, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 1, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
-            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles, qk_scale, N, 2, NUM_WG, HEAD_DIM,
-                           BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles,
+                            qk_scale, N, 0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles,
+                            qk_scale, N, 1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
+            (_ws_consumer, (O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0, start_m, n_tiles,
+                            qk_scale, N, 2, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, PINGPONG)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, row0, start_m, n_tiles,
                           NUM_WG, BLOCK_N, STAGES)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])

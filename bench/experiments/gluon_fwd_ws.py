@@ -34,7 +34,8 @@ three consumer warpgroups with 128-key tiles ("ws 3wg n128 s2") 1.08x causal (2.
 1.14x not (4.564 against 5.198; **1.06x cuDNN**); D=128 two warpgroups, three stages ("ws 2wg n128 s3") 1.04x causal
 (1.01x cuDNN), 1.09x not (0.99x cuDNN). The leaderboard shape level (1.268 against 1.277, cuDNN 1.265). At N=4096
 it loses or ties: D=64 causal 0.99x step 05 at best, not causal 1.02x; D=128 0.96x causal, 1.03x not. Ping-pong
-(consumers issuing in turns) changed nothing beyond 2%; two stages at D=128 and 64-key tiles lost everywhere. So
+(consumers issuing in turns) ran 0.95-1.06x the same kernel without it: it paid (1.05x) only at D=128 N=16384 with
+two stages, where three stages without it ran faster still (1.949 against 2.288 ms causal); two stages at D=128 and 64-key tiles lost everywhere. So
 step 05's solution hands N >= 16384 on Hopper to this kernel at those two tile sets (solutions/gluon_fwd.py).
 
 Round 2 (``--round 2``, not yet run on a GPU): the same partitions made persistent (``_gluon_fwd_ws_persistent``: one
