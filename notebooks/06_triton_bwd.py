@@ -352,6 +352,19 @@ print("\nleaderboard shape, fwd+bwd:", {r["impl"]: round(r["ms"], 2) for r in lb
 # opaque `torch.library.custom_op` (Inductor calls our launcher, options and all); the forward,
 # which needs no cap, stays a `triton_op`. Under Triton's CPU interpreter `wrap_triton` cannot
 # trace at all, so there every operator is opaque.
+#
+# A second exception came with the Gluon forward of section 11. Inductor sees only the kernels a
+# `triton_op` launches through `wrap_triton`; the Gluon kernel is launched another way, and while
+# Inductor traces, the launcher holds fake tensors and declines it. So the compiled call ran the Triton
+# forward where the eager call ran the Gluon one: in one H200 run of CS336's harness, 5.08 ms compiled
+# as shipped against 4.99 with every operator opaque
+# (`results/h200/gpu-check/cs336_fwd_opaque_bbdc6c7/`). Step 05 now registers its forward twice,
+# as the `triton_op` and as an opaque `custom_op`, and `run_fwd` picks one while Dynamo traces:
+# `hopper_fwd_takes(q, k, v)` asks whether the other kernel would take these inputs (in your step it
+# never does). Half of that question is about the device: left plain, Dynamo puts
+# `torch.cuda.get_device_capability` into the graph as a call on fake tensors, and the compile fails;
+# marked `torch.compiler.assume_constant_result`, it is called once while tracing and its answer kept as
+# a constant (`tests/test_gluon_fwd.py` checks that the graph holds the operator the answer asks for).
 
 # %%
 for tag, label in (("", "both triton_op"), ("_opaque", "both opaque (ATTN_OPAQUE_OPS=1)")):

@@ -73,12 +73,13 @@ def device_reason(q) -> str | None:
 
 
 def shape_reason(q4, k4, v4) -> str | None:
-    """Why the kernel does not cover these (B, H, N, D) views, or None when it does."""
+    """Why the kernel does not cover these (B, H, N, D) views (or q, k, v as a caller passes them: (..., N, D)),
+    or None when it does."""
     if not (q4.shape == k4.shape == v4.shape):
         return "q, k and v of different shapes (the kernel is self-attention only)"
-    if q4.dtype not in (torch.float16, torch.bfloat16) or len({t.dtype for t in (q4, k4, v4)}) != 1:
+    if q4.dtype not in (torch.float16, torch.bfloat16) or not (q4.dtype == k4.dtype == v4.dtype):
         return "not one 16-bit dtype"
-    B, H, N, D = q4.shape
+    N, D = q4.shape[-2], q4.shape[-1]
     if D not in TILES:
         return f"D={D} (measured at D in {sorted(TILES)})"
     if N < MIN_LEN:
@@ -88,6 +89,26 @@ def shape_reason(q4, k4, v4) -> str | None:
     if not all(t.is_contiguous() for t in (q4, k4, v4)):
         return "not contiguous (B, H, N, D)"
     return None
+
+
+@torch.compiler.assume_constant_result
+def device_takes(device_type: str, index: int | None) -> bool:
+    """Whether this Triton, the environment and the device ``(type, index)`` run the kernel. Asked while
+    ``torch.compile`` traces too, where a device query would be a graph break: the compiler calls it once and keeps
+    the answer as a constant."""
+    if device_type != "cuda" or GLUON_MISSING or not enabled():
+        return False
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def takes(q, k, v) -> bool:
+    """Step 05's ``hopper_fwd_takes``: would ``launch_if_covered`` run the kernel on q, k, v (as step 05's
+    ``forward`` takes them)? Asked while a compiler traces the call (tensors without data), where
+    ``launch_if_covered`` itself declines: step 05 then registers the call as an opaque operator, which the compiled
+    graph calls with real tensors, so this kernel runs there as it does in eager mode."""
+    if not device_takes(q.device.type, q.device.index):
+        return False
+    return shape_reason(q, k, v) is None
 
 
 def not_covered(q4, k4, v4) -> str | None:

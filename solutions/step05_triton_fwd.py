@@ -612,7 +612,15 @@ def hopper_fwd(q, k, v, is_causal, scale):
     return None
 
 
+def hopper_fwd_takes(q, k, v) -> bool:
+    """Whether ``hopper_fwd`` would take these inputs, asked while ``torch.compile`` traces the call (``run_fwd``
+    below then picks an opaque operator, so that the compiled graph calls ``forward`` with real tensors and the other
+    kernel runs there too): here never."""
+    return False
+
+
 from .gluon_fwd import launch_if_covered as hopper_fwd  # noqa: E402,F811  # SOLUTION-ONLY
+from .gluon_fwd import takes as hopper_fwd_takes  # noqa: E402,F811  # SOLUTION-ONLY
 
 
 @direct_launches
@@ -828,7 +836,18 @@ def _backward(ctx, do, _dlse=None):
 
 fwd_op = kernel_op(f"{op_namespace(__name__)}::step05_fwd", _fwd_impl, fake=_fwd_fake,
                    backward=_backward, setup_context=_setup_context)
-run_fwd = eager_fast(fwd_op, _fwd_impl)      # the operator when compiled, its launcher in eager mode (attnlib/ops.py)
+# The same forward registered opaque, for inputs that ``hopper_fwd`` takes: Inductor traces a triton_op's Python and
+# launches the Triton kernels it finds, so a kernel launched any other way (the solution's Gluon kernel) is invisible
+# to it, and the compiled graph would run the Triton kernel instead. An opaque operator is called as it is.
+fwd_op_opaque = kernel_op(f"{op_namespace(__name__)}::step05_fwd_opaque", _fwd_impl, fake=_fwd_fake,
+                          backward=_backward, setup_context=_setup_context, opaque=True)
+_RUN_FWD = {False: eager_fast(fwd_op, _fwd_impl), True: eager_fast(fwd_op_opaque, _fwd_impl)}
+
+
+def run_fwd(q, k, v, is_causal, scale, tma=None):
+    """``fwd_op``, or ``fwd_op_opaque`` where ``hopper_fwd`` takes the inputs: the operator when compiled, its
+    launcher in eager mode (attnlib/ops.py, ``eager_fast``). The choice is made while Dynamo traces, once per graph."""
+    return _RUN_FWD[tma is None and hopper_fwd_takes(q, k, v)](q, k, v, is_causal, scale, tma)
 
 
 class FlashAttentionTritonFwd(torch.autograd.Function):

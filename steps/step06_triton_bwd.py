@@ -106,6 +106,7 @@ from attnlib.ops import configured, direct_launches, eager_fast, kernel_op, op_n
 
 from .step05_triton_fwd import LOG2E, _dot_precision, _pow2_dim, as_bhnd, load_tile
 from .step05_triton_fwd import forward as triton_forward
+from .step05_triton_fwd import hopper_fwd_takes
 
 LOG2E_C: tl.constexpr = tl.constexpr(LOG2E)
 
@@ -660,7 +661,8 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
 #   torch.ops.<namespace>.step06_bwd(q, k, v, o, lse, do, is_causal, scale, dq_mode) -> (dQ, dK, dV), opaque
 # step06_fwd's autograd formula calls step06_bwd, so the operator trains by itself (inside a
 # compiled model too); FlashAttentionTriton, the autograd.Function that students, tests and
-# CS336's harness call, is a thin layer over the same two.
+# CS336's harness call, is a thin layer over the same two. (step06_fwd_opaque is step06_fwd
+# registered opaque, for the inputs step 05 hands to another kernel: run_fwd picks it.)
 
 def _fwd_fake(q, k, v, is_causal, scale):
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
@@ -703,7 +705,16 @@ def _backward(ctx, do, _dlse=None):
 
 fwd_op = kernel_op(f"{NAMESPACE}::step06_fwd", _fwd_impl, fake=_fwd_fake,
                    backward=_backward, setup_context=_setup_context)
-run_fwd = eager_fast(fwd_op, _fwd_impl)
+# Opaque, for inputs step 05's ``hopper_fwd`` takes (a kernel Inductor cannot see: step 05's run_fwd says why).
+fwd_op_opaque = kernel_op(f"{NAMESPACE}::step06_fwd_opaque", _fwd_impl, fake=_fwd_fake,
+                          backward=_backward, setup_context=_setup_context, opaque=True)
+_RUN_FWD = {False: eager_fast(fwd_op, _fwd_impl), True: eager_fast(fwd_op_opaque, _fwd_impl)}
+
+
+def run_fwd(q, k, v, is_causal, scale):
+    """``fwd_op``, or ``fwd_op_opaque`` where step 05's ``hopper_fwd`` takes the inputs (chosen while Dynamo
+    traces); the operator when compiled, its launcher in eager mode (attnlib/ops.py, ``eager_fast``)."""
+    return _RUN_FWD[hopper_fwd_takes(q, k, v)](q, k, v, is_causal, scale)
 
 
 class FlashAttentionTriton(torch.autograd.Function):

@@ -119,6 +119,45 @@ def test_stub_step05_has_no_gluon_path():
     assert ns["hopper_fwd"](*[None] * 5) is None
 
 
+def _ops_in_graph(gm) -> set:
+    """The operators a Dynamo graph calls, its subgraphs' (an autograd.Function's forward body) included."""
+    return {str(n.target) for m in gm.modules() if isinstance(m, torch.fx.GraphModule) for n in m.graph.nodes
+            if n.op == "call_function"}
+
+
+@pytest.mark.skipif(GPU, reason="forced on a CPU; on Hopper test_compiled_call_runs_the_gluon_kernel")
+@pytest.mark.parametrize("step", [5, 6])
+def test_compiler_picks_the_opaque_forward_where_the_hook_takes(monkeypatch, step):
+    """While Dynamo traces ``FlashAttention*.apply`` (fullgraph), ``run_fwd`` asks the hook whether the other kernel
+    would take the inputs: where it would, the graph holds the opaque operator (which a compiled graph calls with real
+    tensors, so the Gluon kernel runs); elsewhere the triton_op. The device half of the question is forced here (a
+    CPU has no Hopper), with the same ``assume_constant_result`` the real one carries; and the device question is
+    asked of the compiler once, not a graph break."""
+    _, g = _step05_and_gluon()
+    s = load_step(step, "solutions")
+    fn = s.FlashAttentionTriton if step == 6 else s.FlashAttentionTritonFwd
+    monkeypatch.setattr(g, "MIN_LEN", 64)
+    q, k, v = make_qkv(Nq=64, Nk=64, D=64, batch_shape=(1,), dtype=torch.float16, requires_grad=True)
+    eager = fn.apply(q, k, v, True)
+    for takes, name in ((False, f"step0{step}_fwd.default"), (True, f"step0{step}_fwd_opaque.default")):
+        monkeypatch.setattr(g, "device_takes", torch.compiler.assume_constant_result(lambda t, i, takes=takes: takes))
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+        torch._dynamo.reset()
+        out = torch.compile(fn.apply, backend=backend, fullgraph=True)(q, k, v, True)
+        assert len(graphs) == 1
+        ops = {o.rpartition(".")[0].rpartition(".")[2] + ".default" for o in _ops_in_graph(graphs[0])
+               if o.endswith(".default")}
+        assert name in ops, f"hook says {takes}: the compiled graph calls {sorted(ops)}, not {name}"
+        torch.testing.assert_close(out, eager, atol=0, rtol=0)
+    torch._dynamo.reset()
+    q2 = make_qkv(Nq=64, Nk=64, D=32, batch_shape=(1,), dtype=torch.float16)[0]
+    assert not s.hopper_fwd_takes(q2, q2, q2), "a head dim the kernel does not cover was taken"
+
+
 def test_kernel_is_not_given_to_students(tmp_path):
     """solutions/gluon_fwd.py has no stub (a whole forward kernel would give step 05's regions away), and the release
     gate treats its code as the solution's: a folder holding a copy of it leaks."""
@@ -195,3 +234,30 @@ def test_hopper_path_off_and_fallbacks(monkeypatch):
     # in fp32. Each against float64 is test_hopper_path_at_min_len's.
     assert_close(on[0], off[0], name="O: Gluon path against Triton kernel", dtype=torch.bfloat16)
     torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_hopper
+@pytest.mark.parametrize("step", [5, 6])
+def test_compiled_call_runs_the_gluon_kernel(step):
+    """``torch.compile(FlashAttention*.apply)``, fullgraph, as CS336's harness compiles it, at N = MIN_LEN on Hopper:
+    the compiled call runs the Gluon kernel as the eager call does (the graph holds the opaque operator: a triton_op
+    would have Inductor relaunch the Triton kernel instead), O bitwise the eager call's; through step 06 the gradients
+    too, within the course's comparison."""
+    _, g = _step05_and_gluon()
+    s = load_step(step, "solutions")
+    fn = s.FlashAttentionTriton if step == 6 else s.FlashAttentionTritonFwd
+    q, k, v = make_qkv(Nq=g.MIN_LEN, Nk=g.MIN_LEN, D=64, batch_shape=(2,), dtype=torch.bfloat16, device="cuda",
+                       requires_grad=True)
+    torch._dynamo.reset()
+    results = []
+    for label, f in (("eager", fn.apply), ("compiled", torch.compile(fn.apply, fullgraph=True))):
+        before = g.LAUNCHES
+        o = f(q, k, v, True)
+        assert g.LAUNCHES == before + 1, f"step {step}, {label}: the Gluon kernel did not run"
+        results.append((o.detach(), *(torch.autograd.grad(o.sum(), (q, k, v)) if step == 6 else ())))
+    assert torch.equal(results[0][0], results[1][0]), "compiled O is not the eager call's"
+    for name, a, b in zip(("dQ", "dK", "dV"), results[0][1:], results[1][1:]):
+        assert_close(b, a, name=f"compiled {name} against eager", dtype=torch.bfloat16)
+    torch._dynamo.reset()
