@@ -58,7 +58,7 @@ def machine_info() -> dict:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         # step 06's dK/dV on Hopper: its Gluon kernel unless "0" (solutions/gluon_dkdv.py)
         "ATTN_GLUON_DKDV": os.environ.get("ATTN_GLUON_DKDV", "1"),
-        # step 05's forward on Hopper at N >= 16384: its Gluon kernel unless "0" (solutions/gluon_fwd.py)
+        # step 05's forward on Hopper at N >= 8192: its Gluon kernel unless "0" (solutions/gluon_fwd.py)
         "ATTN_GLUON_FWD": os.environ.get("ATTN_GLUON_FWD", "1"),
     }
     try:

@@ -15,9 +15,10 @@ The registers move from the loader to the consumers (``setmaxnreg`` under the ke
 bf16, ``bench/experiments/gluon_fwd_ws.py``, results/h200/triton/gluon_fwd_ws_1203/), against step 05's Triton
 kernel in the same run, at N=16384: D=64 three consumer warpgroups and 128-key tiles 1.08x causal, 1.14x not
 (0.99x and 1.06x cuDNN); D=128 two warpgroups and three stages 1.04x causal, 1.09x not (1.01x, 0.99x cuDNN); the
-CS336 leaderboard shape level (1.268 ms against 1.277-1.335). At N=4096 it lost or tied (0.95-1.03x at these
-tiles): so the path
-starts at ``MIN_LEN`` = 16384, where it was measured. Where it applies: D 64 or 128, fp16/bf16, self-attention (one
+CS336 leaderboard shape level (1.268 ms against 1.277-1.335). A second run (2026-12-03 08:15 UTC,
+results/h200/triton/gluon_fwd_ws_1203_round2/) added N=8192: these tiles 1.07x step 05 at D=64 causal, 1.16x not,
+1.01x and 1.07x at D=128. At N=4096 they ran 0.95-1.07x, losing at both causal shapes: so the path starts at
+``MIN_LEN`` = 8192. Where it applies: D 64 or 128, fp16/bf16, self-attention (one
 shape for q, k, v), contiguous (B, H, N, D), N >= MIN_LEN and a multiple of 64, causal or not. Elsewhere, on other
 GPUs, while a compiler traces the call, and with ``ATTN_GLUON_FWD=0`` in the environment, step 05 runs its Triton
 kernel.
@@ -50,7 +51,7 @@ WG_ROWS = 64          # query rows a consumer warpgroup owns (one m64 wgmma)
 # N=16384 ("ws 3wg n128 s2" at D=64, "ws 2wg n128 s3" at D=128). A warpgroup is the unit of registers:
 # (NUM_WG + 1) warpgroups x 128 threads x maxnreg <= 65536.
 TILES = {64: (3, 128, 2, 128, 160, 24), 128: (2, 128, 3, 168, 240, 24)}
-MIN_LEN = 16384
+MIN_LEN = 8192
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
 
 

@@ -36,13 +36,21 @@ three consumer warpgroups with 128-key tiles ("ws 3wg n128 s2") 1.08x causal (2.
 it loses or ties: D=64 causal 0.99x step 05 at best, not causal 1.02x; D=128 0.96x causal, 1.03x not. Ping-pong
 (consumers issuing in turns) ran 0.95-1.06x the same kernel without it: it paid (1.05x) only at D=128 N=16384 with
 two stages, where three stages without it ran faster still (1.949 against 2.288 ms causal); two stages at D=128 and 64-key tiles lost everywhere. So
-step 05's solution hands N >= 16384 on Hopper to this kernel at those two tile sets (solutions/gluon_fwd.py).
+step 05's solution hands N >= 16384 on Hopper to this kernel at those two tile sets (solutions/gluon_fwd.py); since
+round 2's run, N >= 8192.
 
-Round 2 (``--round 2``, not yet run on a GPU): the same partitions made persistent (``_gluon_fwd_ws_persistent``: one
-CTA an SM walking work tiles, the loader running on into the next tile's Q and K/V while the consumers finish this
-one), against round 1's best and step 05 at N 4096, 8192 and 16384: does it take N=4096 past step 05 and toward
-cuDNN, and where should MIN_LEN be? ``--aot-check --round 2``: no spill but 24 B at D=64 causal with three
-consumer warpgroups (160 registers each).
+Round 2 (``--round 2``): the same partitions made persistent (``_gluon_fwd_ws_persistent``: one CTA an SM walking
+work tiles, the loader running on into the next tile's Q and K/V while the consumers finish this one), against round
+1's best and step 05 at N 4096, 8192 and 16384: does it take N=4096 past step 05 and toward cuDNN, and where should
+MIN_LEN be? ``--aot-check --round 2``: no spill but 24 B at D=64 causal with three consumer warpgroups.
+Answer: only without a causal mask at D=64. One H200, 2026-12-03 08:15 UTC (bbdc6c7's tree;
+results/h200/triton/gluon_fwd_ws_1203_round2/), every variant right. "pers 3wg n128 s3" at D=64 not causal: 1.159,
+2.225, 4.362 ms at N 4096/8192/16384 against round 1's 1.261, 2.265, 4.441 and step 05's 1.317, 2.626, 5.146
+(**1.04x, 1.08x, 1.10x cuDNN**). Causal it loses to round 1 (0.81-0.98x cuDNN against 0.83-1.00x) and at D=128 it
+runs 8-18% slower than round 1 everywhere (not profiled). Causal N=4096
+stays at step 05's 0.83x (D=64) and 0.90x (D=128) cuDNN: neither round moves it. The same run timed round 1's
+shipped tiles at N=8192 for the first time: 1.07x step 05 at D=64 causal, 1.16x not, 1.01x and 1.07x at D=128, so
+step 05's solution takes the kernel from N=8192 (MIN_LEN); the persistent kernel is not in the solution.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class Record:
         # The experiments measure step 06's Triton kernels, as they did before its solution took a Gluon dK/dV
         # kernel on Hopper (solutions/gluon_dkdv.py): off unless the run asks for it (ATTN_GLUON_DKDV=1).
         os.environ.setdefault("ATTN_GLUON_DKDV", "0")
-        # Likewise step 05's forward, whose solution hands N >= 16384 to a Gluon kernel on Hopper (solutions/gluon_fwd.py).
+        # Likewise step 05's forward, whose solution hands N >= 8192 to a Gluon kernel on Hopper (solutions/gluon_fwd.py).
         os.environ.setdefault("ATTN_GLUON_FWD", "0")
         meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "argv": sys.argv,
                 "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
