@@ -67,6 +67,20 @@ def _stand_in(folder, sides):
         "rows": [{"side": "s06-bwd D=64 causal", "ms": 3.7, "tflops": 370.0}]}))
 
 
+def test_every_shape_names_its_sides_apart():
+    """Every shape's sides carry the D the summary reads, and no two shapes give a side the same name (the N=4096
+    shapes name their N); an unknown --shapes entry is refused."""
+    tags = {}
+    for name, (H, N, D, causal, _) in triton_ncu.SHAPES.items():
+        tag = f"D={D} {'causal' if causal else 'full'}" + ("" if N == 16384 else f" N={N}")
+        assert tag not in tags.values(), f"{name} and {tags} share side names"
+        tags[name] = tag
+    import inspect
+    assert 'f" N={N}"' in inspect.getsource(triton_ncu.sides)
+    with pytest.raises(SystemExit):
+        triton_ncu.main(["--shapes", "lb,nope", "--summarize", "x"])
+
+
 def test_summary_of_a_stand_in_report(tmp_path):
     _stand_in(tmp_path, [(0, "s06-bwd D=64 causal", "_bwd_dkdv_kernel", 2.5, 40.0),
                          (1, "s06-bwd D=64 causal", "_bwd_dq_kernel", 1.5, 60.0),

@@ -22,6 +22,7 @@ Usage (an H200; ncu fixes the clocks unless told otherwise, as in step07_v4/ncu)
     ncu --import DIR/triton.ncu-rep --page raw --csv > DIR/triton_raw.csv
     python bench/experiments/triton_ncu.py --out DIR         # triton_timings.json: do_bench, no ncu
     python bench/experiments/triton_ncu.py --summarize DIR   # summary.json (CPU), the fields of cuda_v3_v4_ncu.py
+    (each of the three with --shapes c4k64,c4k128: the causal forward at N=4096 instead; results/h200/triton/ncu_c4k/)
 Test: tests/test_experiment_triton_ncu.py (the sides' names and the summary on a stand-in report).
 
 Answer (one H200, 2026-12-01 ~22:07 UTC; results/h200/triton/ncu/, its README has the table). ncu fixed the SM
@@ -53,13 +54,19 @@ from bench.experiments import cuda_v3_v4_ncu as base  # noqa: E402
 
 DETAILS, RAW, TIMINGS = "triton.csv", "triton_raw.csv", "triton_timings.json"
 NCU_COMMAND = base.NCU_COMMAND.replace("cuda_v3_v4", "triton")   # -o DIR/triton ... triton_ncu.py
-SHAPES = {  # name -> (H, N, D, causal, with the backward)
+SHAPES = {  # name -> (H, N, D, causal, with the backward); B = 1
     "lb": (16, 16384, 64, True, True),
     "d128": (16, 16384, 128, False, False),
+    # FlashAttention's grid at N=4096, causal, as one batch (B*H = 4*32 and 4*16 heads): the forward's largest gap
+    # to cuDNN (0.86x at D=64, 0.91x at D=128, results/h200/grid_1203/), forward only (--shapes c4k64,c4k128)
+    "c4k64": (128, 4096, 64, True, False),
+    "c4k128": (64, 4096, 128, True, False),
 }
+DEFAULT_SHAPES = "lb,d128"
 WHAT = ("ncu of step 05's forward and step 06's backward (Triton) against SDPA's cuDNN forward and backward, bf16: "
         "the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, causal), forward and backward, and B=1, H=16, "
-        "N=16384, D=128, not causal, forward only; written by bench/experiments/triton_ncu.py --summarize from "
+        "N=16384, D=128, not causal, forward only (or, with --shapes c4k64,c4k128, the forward at N=4096, causal, D=64 "
+        "and 128, B*H 128 and 64); written by bench/experiments/triton_ncu.py --summarize from "
         f"{DETAILS} (--page details) and {RAW} (--page raw) of one report")
 
 
@@ -80,7 +87,7 @@ def sides(s05, s06, shape):
     H, N, D, causal, bwd = SHAPES[shape]
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    tag = f"D={D} {'causal' if causal else 'full'}"
+    tag = f"D={D} {'causal' if causal else 'full'}" + ("" if N == 16384 else f" N={N}")
     out = {f"s05-fwd {tag}": (lambda: s05.attention_with_lse(q, k, v, is_causal=causal), flops(H, N, D, causal, "fwd"))}
 
     def cudnn_fwd():
@@ -127,7 +134,12 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=None, help="time each side with do_bench instead of the NVTX range")
     ap.add_argument("--summarize", type=Path, default=None, metavar="DIR",
                     help=f"read DIR/{DETAILS} and DIR/{RAW} (ncu's CSV pages), write DIR/summary.json; no GPU")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated, of {', '.join(SHAPES)} "
+                    f"(default {DEFAULT_SHAPES})")
     args = ap.parse_args(argv)
+    shapes = args.shapes.split(",")
+    if unknown := [x for x in shapes if x not in SHAPES]:
+        ap.error(f"--shapes: unknown {unknown}; known: {', '.join(SHAPES)}")
     if args.summarize is not None:
         for k in summarize(args.summarize)["kernels"]:
             print(f"{k['side']:24s} {k['kernel'][:40]:40s} {k['duration_ms']:6.3f} ms  tensor pipe "
@@ -143,7 +155,7 @@ def main(argv=None):
 
     s05, s06 = load_step(5, "solutions"), load_step(6, "solutions")
     runs = {}
-    for shape in SHAPES:
+    for shape in shapes:
         runs.update(sides(s05, s06, shape))
     with torch.no_grad():
         for fn, _ in runs.values():              # warm-up: Triton's compile, cuDNN's plan
@@ -164,7 +176,8 @@ def main(argv=None):
         NVTX_ON_AUTOGRAD_THREAD = False
         return 0
     import triton
-    res = {"machine": machine_info(), "N": 16384, "dtype": "bfloat16", "causal": "per side (its name)", "rows": []}
+    res = {"machine": machine_info(), "N": "per side (its name; 16384 where it names none)", "dtype": "bfloat16",
+           "causal": "per side (its name)", "shapes": {x: SHAPES[x] for x in shapes}, "rows": []}
     with torch.no_grad():
         for name, (fn, fl) in runs.items():
             ms = float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
