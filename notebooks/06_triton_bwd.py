@@ -352,19 +352,6 @@ print("\nleaderboard shape, fwd+bwd:", {r["impl"]: round(r["ms"], 2) for r in lb
 # opaque `torch.library.custom_op` (Inductor calls our launcher, options and all); the forward,
 # which needs no cap, stays a `triton_op`. Under Triton's CPU interpreter `wrap_triton` cannot
 # trace at all, so there every operator is opaque.
-#
-# A second exception came with the Gluon forward of section 11. Inductor sees only the kernels a
-# `triton_op` launches through `wrap_triton`; the Gluon kernel is launched another way, and while
-# Inductor traces, the launcher holds fake tensors and declines it. So the compiled call ran the Triton
-# forward where the eager call ran the Gluon one: in one H200 run of CS336's harness, 5.08 ms compiled
-# as shipped against 4.99 with every operator opaque
-# (`results/h200/gpu-check/cs336_fwd_opaque_bbdc6c7/`). Step 05 now registers its forward twice,
-# as the `triton_op` and as an opaque `custom_op`, and `run_fwd` picks one while Dynamo traces:
-# `hopper_fwd_takes(q, k, v)` asks whether the other kernel would take these inputs (in your step it
-# never does). Half of that question is about the device: left plain, Dynamo puts
-# `torch.cuda.get_device_capability` into the graph as a call on fake tensors, and the compile fails;
-# marked `torch.compiler.assume_constant_result`, it is called once while tracing and its answer kept as
-# a constant (`tests/test_gluon_fwd.py` checks that the graph holds the operator the answer asks for).
 
 # %%
 for tag, label in (("", "both triton_op"), ("_opaque", "both opaque (ATTN_OPAQUE_OPS=1)")):
@@ -374,6 +361,28 @@ for tag, label in (("", "both triton_op"), ("_opaque", "both opaque (ATTN_OPAQUE
         kern = {k: v for k, v in run["profile_compiled"]["kernels_ms"].items() if k.startswith("_")}
         print(f"{label:34s} compiled apply + o.sum().backward(): {run['compiled']['mean']:.2f} ms;",
               ", ".join(f"{k} {v:.2f}" for k, v in kern.items()))
+
+# %% [markdown]
+# A second exception came with the Gluon forward of section 11. Inductor sees only the kernels a
+# `triton_op` launches through `wrap_triton`; the Gluon kernel is launched another way, and while
+# Inductor traces, the launcher holds fake tensors and declines it. So the compiled call ran the Triton
+# forward where the eager call ran the Gluon one: in one H200 run of CS336's harness, 5.08 ms compiled
+# as shipped against 4.99 with every operator opaque
+# (`results/h200/gpu-check/cs336_fwd_opaque_bbdc6c7/`). Step 05 now registers its forward twice,
+# as the `triton_op` and as an opaque `custom_op`, and `run_fwd` picks one while Dynamo traces:
+# `hopper_fwd_takes(q, k, v)` asks whether the other kernel would take these inputs (in your step it
+# never does). Half of that question is about the device, and Dynamo treats
+# `torch.cuda.get_device_capability` as a call to put into the graph (on a CPU-only torch 2.13 the
+# compile then failed, running it on fake tensors); marked `torch.compiler.assume_constant_result`, the
+# question is asked once while tracing and its answer kept as a constant (`tests/test_gluon_fwd.py`
+# checks that the graph holds the operator the answer asks for; on the H200 that the compiled call runs
+# the Gluon kernel, its output the eager call's).
+
+# %%
+for tag, label in (("", "step 05's forward a triton_op (as shipped at bbdc6c7)"), ("_opaque", "every operator opaque")):
+    run = json.loads((RESULTS / "gpu-check" / "cs336_fwd_opaque_bbdc6c7" / f"cs336_harness{tag}.json").read_text())
+    fwd = [k for k in run["profile_compiled"]["kernels_ms"] if "fwd" in k]
+    print(f"{label:52s} compiled: {run['compiled']['mean']:.3f} ms, its forward kernel {fwd}")
 
 # %% [markdown]
 # A model that calls step 06, compiled whole (`fullgraph=True`: any graph break is an error), trains
