@@ -153,6 +153,19 @@ def test_compiler_picks_the_opaque_forward_where_the_hook_takes(monkeypatch, ste
                if o.endswith(".default")}
         assert name in ops, f"hook says {takes}: the compiled graph calls {sorted(ops)}, not {name}"
         torch.testing.assert_close(out, eager, atol=0, rtol=0)
+    # Dynamic shapes (a model fed sequences of several lengths): the choice becomes guards on N, and each length
+    # gets the operator its own answer asks for (N=96 is not a multiple of 64: the triton_op).
+    torch._dynamo.reset()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(_ops_in_graph(gm))
+        return gm.forward
+    compiled = torch.compile(fn.apply, backend=record, dynamic=True, fullgraph=True)
+    for n, opaque in ((64, True), (128, True), (96, False)):
+        qn, kn, vn = make_qkv(Nq=n, Nk=n, D=64, batch_shape=(1,), dtype=torch.float16, seed=n)
+        torch.testing.assert_close(compiled(qn, kn, vn, True), fn.apply(qn, kn, vn, True), atol=0, rtol=0)
+        assert any(f"step0{step}_fwd_opaque" in o for o in graphs[-1]) == opaque, (n, graphs[-1])
     torch._dynamo.reset()
     q2 = make_qkv(Nq=64, Nk=64, D=32, batch_shape=(1,), dtype=torch.float16)[0]
     assert not s.hopper_fwd_takes(q2, q2, q2), "a head dim the kernel does not cover was taken"
