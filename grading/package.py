@@ -124,6 +124,7 @@ RELEASE_FILES = [
     "results/h200/step07_ptxas.txt", "results/h200/step07_ncu_v3_vs_sdpa_flash.txt",
     "results/h200/step07_v4/ncu/summary.json", "results/h200/step07_v5/cuda_v5.json",
     "results/h200/gpu-check/cs336_harness*.json", "results/h200/gpu-check/summary*.json",
+    "results/h200/gpu-check/cs336_fwd_opaque_*/cs336_harness*.json",   # the compiled forward's A/B (notebook 06 §9)
     "results/h200/varlen/*.json", "results/h200/sparse/*.json", "results/h200/ring/ring.json",
     "results/h200/ring/ring.png", "results/h200/ring/README.md", "results/h200/host/*.json", "results/h200/host/README.md",
     "results/h200/capstone/*.json", "results/h200/capstone/*.png", "results/h200/capstone/README.md",
