@@ -79,6 +79,13 @@ def flops(H, N, D, causal, mode):
     return f if mode == "fwd" else 2.5 * f
 
 
+def side_tag(shape):
+    """What a shape's side names carry after the side: its D (the summary reads it), the mask, and N where it is not
+    16384 ('D=64 causal', 'D=64 causal N=4096')."""
+    _, N, D, causal, _ = SHAPES[shape]
+    return f"D={D} {'causal' if causal else 'full'}" + ("" if N == 16384 else f" N={N}")
+
+
 def sides(s05, s06, shape):
     """side name -> (a call, its FLOPs) for one shape; the names carry D= (the summary reads it)."""
     import torch
@@ -88,7 +95,7 @@ def sides(s05, s06, shape):
     H, N, D, causal, bwd = SHAPES[shape]
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    tag = f"D={D} {'causal' if causal else 'full'}" + ("" if N == 16384 else f" N={N}")
+    tag = side_tag(shape)
     out = {f"s05-fwd {tag}": (lambda: s05.attention_with_lse(q, k, v, is_causal=causal), flops(H, N, D, causal, "fwd"))}
 
     def cudnn_fwd():
