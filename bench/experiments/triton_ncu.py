@@ -22,8 +22,8 @@ Usage (an H200; ncu fixes the clocks unless told otherwise, as in step07_v4/ncu)
     ncu --import DIR/triton.ncu-rep --page raw --csv > DIR/triton_raw.csv
     python bench/experiments/triton_ncu.py --out DIR         # triton_timings.json: do_bench, no ncu
     python bench/experiments/triton_ncu.py --summarize DIR   # summary.json (CPU), the fields of cuda_v3_v4_ncu.py
-    (each of the three with --shapes c4k64,c4k128: the causal forward at N=4096 instead; added 2026-12-03, not yet
-    run on a GPU)
+    (each of the three with --shapes c4k64,c4k128: the causal forward and backward at N=4096, D 64 and 128,
+    instead; added 2026-12-03, not yet run on a GPU)
 Test: tests/test_experiment_triton_ncu.py (the sides' names and the summary on a stand-in report).
 
 Answer (one H200, 2026-12-01 ~22:07 UTC; results/h200/triton/ncu/, its README has the table). ncu fixed the SM
@@ -59,15 +59,16 @@ SHAPES = {  # name -> (H, N, D, causal, with the backward); B = 1
     "lb": (16, 16384, 64, True, True),
     "d128": (16, 16384, 128, False, False),
     # FlashAttention's grid at N=4096, causal, as one batch (B*H = 4*32 and 4*16 heads): the forward's largest gap
-    # to cuDNN (0.86x at D=64, 0.91x at D=128, results/h200/grid_1203/), forward only (--shapes c4k64,c4k128)
-    "c4k64": (128, 4096, 64, True, False),
-    "c4k128": (64, 4096, 128, True, False),
+    # to cuDNN (0.86x at D=64, 0.91x at D=128, results/h200/grid_1203/), and the backward with it (fwd+bwd 0.85x
+    # and 0.80x there; D=128 has no Gluon dK/dV kernel) (--shapes c4k64,c4k128)
+    "c4k64": (128, 4096, 64, True, True),
+    "c4k128": (64, 4096, 128, True, True),
 }
 DEFAULT_SHAPES = "lb,d128"
 WHAT = ("ncu of step 05's forward and step 06's backward (Triton) against SDPA's cuDNN forward and backward, bf16: "
         "the CS336 leaderboard shape (B=1, H=16, N=16384, D=64, causal), forward and backward, and B=1, H=16, "
-        "N=16384, D=128, not causal, forward only (or, with --shapes c4k64,c4k128, the forward at N=4096, causal, D=64 "
-        "and 128, B*H 128 and 64); written by bench/experiments/triton_ncu.py --summarize from "
+        "N=16384, D=128, not causal, forward only (or, with --shapes c4k64,c4k128, the forward and backward at N=4096, "
+        "causal, D=64 and 128, B*H 128 and 64); written by bench/experiments/triton_ncu.py --summarize from "
         f"{DETAILS} (--page details) and {RAW} (--page raw) of one report")
 
 
