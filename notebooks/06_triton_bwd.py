@@ -370,7 +370,7 @@ for tag, label in (("", "both triton_op"), ("_opaque", "both opaque (ATTN_OPAQUE
 # as shipped against 4.99 with every operator opaque
 # (`results/h200/gpu-check/cs336_fwd_opaque_bbdc6c7/`). Step 05 now registers its forward twice,
 # as the `triton_op` and as an opaque `custom_op`, and `run_fwd` picks one while Dynamo traces:
-# `hopper_fwd_takes(q, k, v)` asks whether the other kernel would take these inputs (in your step it
+# `hopper_fwd_takes(q, k, v, is_causal)` asks whether the other kernel would take these inputs (in your step it
 # never does). Half of that question is about the device, and Dynamo treats
 # `torch.cuda.get_device_capability` as a call to put into the graph (on a CPU-only torch 2.13 the
 # compile then failed, running it on fake tensors); marked `torch.compiler.assume_constant_result`, the
@@ -1014,9 +1014,11 @@ for r in ws2["timing_rows"]:
 # Persistence pays at D = 64 without a causal mask only (1.04-1.10x cuDNN from N = 4096); causal it trails round 1,
 # and at D = 128 it runs 8-18% slower everywhere. Causal attention at N = 4096 stays at step 05's 0.83x (D = 64) and
 # 0.90x (D = 128) cuDNN: neither round moves it, and it is this course's largest gap to cuDNN in the forward. At
-# N = 8192 round 1's tiles beat step 05 in all four cases (1.01-1.16x). So the solution of step 05 hands N >= 8192 to
-# the round-1 kernel on Hopper (`solutions/gluon_fwd.py`, `hopper_fwd` in the step; `ATTN_GLUON_FWD=0` turns it
-# off) and keeps its Triton kernel below; compiled too, through the opaque operator of section 9.
+# N = 8192 round 1's tiles beat step 05 in all four cases (1.01-1.16x); at N = 4096 without a causal mask too (1.04x
+# at D = 64, 1.07x at D = 128; 1.02x and 1.03x in round 1's own run), with it not (0.95x, 0.98x). So the solution of
+# step 05 hands the round-1 kernel N >= 8192 under a causal mask and N >= 4096 without one, on Hopper
+# (`solutions/gluon_fwd.py`, `hopper_fwd` in the step; `ATTN_GLUON_FWD=0` turns it off), and keeps its Triton kernel
+# below; compiled too, through the opaque operator of section 9.
 
 # %% [markdown]
 # ## References

@@ -17,9 +17,10 @@ kernel in the same run, at N=16384: D=64 three consumer warpgroups and 128-key t
 (0.99x and 1.06x cuDNN); D=128 two warpgroups and three stages 1.04x causal, 1.09x not (1.01x, 0.99x cuDNN); the
 CS336 leaderboard shape level (1.268 ms against 1.277-1.335). A second run (2026-12-03 08:15 UTC,
 results/h200/triton/gluon_fwd_ws_1203_round2/) added N=8192: these tiles 1.07x step 05 at D=64 causal, 1.16x not,
-1.01x and 1.07x at D=128. At N=4096 they ran 0.95-1.07x, losing at both causal shapes: so the path starts at
-``MIN_LEN`` = 8192. Where it applies: D 64 or 128, fp16/bf16, self-attention (one
-shape for q, k, v), contiguous (B, H, N, D), N >= MIN_LEN and a multiple of 64, causal or not. Elsewhere, on other
+1.01x and 1.07x at D=128. At N=4096 they ran 0.95-1.07x: 1.04x and 1.07x without a causal mask (D 64, 128), 0.95x
+and 0.98x with it (round 1 at N=4096: 1.02x and 1.03x not causal). So the path starts at ``MIN_LEN`` = 8192 under a
+causal mask and at ``FULL_MIN_LEN`` = 4096 without one. Where it applies: D 64 or 128, fp16/bf16, self-attention (one
+shape for q, k, v), contiguous (B, H, N, D), N >= MIN_LEN (causal) or FULL_MIN_LEN (not) and a multiple of 64. Elsewhere, on other
 GPUs, while a compiler traces the call, and with ``ATTN_GLUON_FWD=0`` in the environment, step 05 runs its Triton
 kernel.
 
@@ -51,7 +52,8 @@ WG_ROWS = 64          # query rows a consumer warpgroup owns (one m64 wgmma)
 # N=16384 ("ws 3wg n128 s2" at D=64, "ws 2wg n128 s3" at D=128). A warpgroup is the unit of registers:
 # (NUM_WG + 1) warpgroups x 128 threads x maxnreg <= 65536.
 TILES = {64: (3, 128, 2, 128, 160, 24), 128: (2, 128, 3, 168, 240, 24)}
-MIN_LEN = 8192
+MIN_LEN = 8192          # under a causal mask
+FULL_MIN_LEN = 4096     # without one (gluon_fwd_ws_1203_round2/: 1.04x step 05 at D=64, 1.07x at D=128, N=4096)
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
 
 
@@ -73,9 +75,9 @@ def device_reason(q) -> str | None:
     return None
 
 
-def shape_reason(q4, k4, v4) -> str | None:
-    """Why the kernel does not cover these (B, H, N, D) views (or q, k, v as a caller passes them: (..., N, D)),
-    or None when it does."""
+def shape_reason(q4, k4, v4, is_causal=True) -> str | None:
+    """Why the kernel does not cover these (B, H, N, D) views (or q, k, v as a caller passes them: (..., N, D)) with
+    or without a causal mask, or None when it does."""
     if not (q4.shape == k4.shape == v4.shape):
         return "q, k and v of different shapes (the kernel is self-attention only)"
     if q4.dtype not in (torch.float16, torch.bfloat16) or not (q4.dtype == k4.dtype == v4.dtype):
@@ -83,8 +85,10 @@ def shape_reason(q4, k4, v4) -> str | None:
     N, D = q4.shape[-2], q4.shape[-1]
     if D not in TILES:
         return f"D={D} (measured at D in {sorted(TILES)})"
-    if N < MIN_LEN:
-        return f"N={N}: the path lost or tied below N={MIN_LEN} (bench/experiments/gluon_fwd_ws.py)"
+    floor = MIN_LEN if is_causal else FULL_MIN_LEN
+    if N < floor:
+        return (f"N={N} {'with' if is_causal else 'without'} a causal mask: the path lost or tied below N={floor} "
+                f"there (bench/experiments/gluon_fwd_ws.py)")
     if N % WG_ROWS:
         return f"N={N} is not a multiple of {WG_ROWS}"
     if not all(t.is_contiguous() for t in (q4, k4, v4)):
@@ -102,19 +106,19 @@ def device_takes(device_type: str, index: int | None) -> bool:
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
-def takes(q, k, v) -> bool:
+def takes(q, k, v, is_causal) -> bool:
     """Step 05's ``hopper_fwd_takes``: would ``launch_if_covered`` run the kernel on q, k, v (as step 05's
     ``forward`` takes them)? Asked while a compiler traces the call (tensors without data), where
     ``launch_if_covered`` itself declines: step 05 then registers the call as an opaque operator, which the compiled
     graph calls with real tensors, so this kernel runs there as it does in eager mode."""
     if not device_takes(q.device.type, q.device.index):
         return False
-    return shape_reason(q, k, v) is None
+    return shape_reason(q, k, v, is_causal) is None
 
 
-def not_covered(q4, k4, v4) -> str | None:
+def not_covered(q4, k4, v4, is_causal=True) -> str | None:
     """Why the Gluon kernel does not apply here, or None when it does."""
-    return device_reason(q4) or shape_reason(q4, k4, v4)
+    return device_reason(q4) or shape_reason(q4, k4, v4, is_causal)
 
 
 # %% The kernel: a loader partition and NUM_WG consumer partitions --------------------------------------------------
@@ -322,7 +326,7 @@ def launch_if_covered(q, k, v, is_causal, scale):
     global LAUNCHES
     from .step05_triton_fwd import as_bhnd
     q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
-    if not_covered(q4, k4, v4) is not None:
+    if not_covered(q4, k4, v4, is_causal) is not None:
         return None
     o = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)

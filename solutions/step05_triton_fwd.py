@@ -612,7 +612,7 @@ def hopper_fwd(q, k, v, is_causal, scale):
     return None
 
 
-def hopper_fwd_takes(q, k, v) -> bool:
+def hopper_fwd_takes(q, k, v, is_causal) -> bool:
     """Whether ``hopper_fwd`` would take these inputs, asked while ``torch.compile`` traces the call (``run_fwd``
     below then picks an opaque operator, so that the compiled graph calls ``forward`` with real tensors and the other
     kernel runs there too): here never."""
@@ -847,7 +847,7 @@ _RUN_FWD = {False: eager_fast(fwd_op, _fwd_impl), True: eager_fast(fwd_op_opaque
 def run_fwd(q, k, v, is_causal, scale, tma=None):
     """``fwd_op``, or ``fwd_op_opaque`` where ``hopper_fwd`` takes the inputs: the operator when compiled, its
     launcher in eager mode (attnlib/ops.py, ``eager_fast``). The choice is made while Dynamo traces, once per graph."""
-    return _RUN_FWD[tma is None and hopper_fwd_takes(q, k, v)](q, k, v, is_causal, scale, tma)
+    return _RUN_FWD[tma is None and hopper_fwd_takes(q, k, v, is_causal)](q, k, v, is_causal, scale, tma)
 
 
 class FlashAttentionTritonFwd(torch.autograd.Function):

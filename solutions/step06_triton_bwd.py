@@ -759,7 +759,7 @@ _RUN_FWD = {False: eager_fast(fwd_op, _fwd_impl), True: eager_fast(fwd_op_opaque
 def run_fwd(q, k, v, is_causal, scale):
     """``fwd_op``, or ``fwd_op_opaque`` where step 05's ``hopper_fwd`` takes the inputs (chosen while Dynamo
     traces); the operator when compiled, its launcher in eager mode (attnlib/ops.py, ``eager_fast``)."""
-    return _RUN_FWD[hopper_fwd_takes(q, k, v)](q, k, v, is_causal, scale)
+    return _RUN_FWD[hopper_fwd_takes(q, k, v, is_causal)](q, k, v, is_causal, scale)
 
 
 class FlashAttentionTriton(torch.autograd.Function):

@@ -1,4 +1,5 @@
-"""Step 05's Hopper path: the solution's forward hands long sequences (N >= MIN_LEN) to its warp-specialized Gluon
+"""Step 05's Hopper path: the solution's forward hands long sequences (N >= MIN_LEN under a causal mask, N >=
+FULL_MIN_LEN without one) to its warp-specialized Gluon
 kernel (solutions/gluon_fwd.py) on an sm_90 GPU where the kernel applies, and runs its Triton kernel everywhere else.
 
 On a CPU: which inputs the kernel covers; the routing through step 05's ``forward`` with a stand-in for the hook; the
@@ -49,14 +50,22 @@ def _views(shape, dtype=torch.bfloat16):
 
 def test_covers_what_was_measured_and_nothing_else():
     _, g = _step05_and_gluon()
-    n = g.MIN_LEN
+    n, nf = g.MIN_LEN, g.FULL_MIN_LEN
+    assert nf < n, "without a causal mask the path starts at a shorter N (gluon_fwd_ws_1203_round2)"
+    assert g.shape_reason(*_views((1, 16, nf, 64)), False) is None
+    assert g.shape_reason(*_views((4, 16, nf, 128)), False) is None
+    for views, causal, why in ((_views((1, 16, nf, 64)), True, f"with a causal mask: the path lost or tied below N={n}"),
+                               (_views((1, 16, nf - 64, 64)), False, f"without a causal mask: the path lost or tied "
+                                                                     f"below N={nf}")):
+        reason = g.shape_reason(*views, causal)
+        assert reason and why in reason, f"{why}: {reason}"
     assert g.shape_reason(*_views((1, 16, n, 64))) is None
     assert g.shape_reason(*_views((2, 1, 2 * n, 128), torch.float16)) is None
     assert g.shape_reason(*_views((1, 2, n + 64, 64))) is None
     q = _views((1, 2, n, 64))
     for views, why in (
             (_views((1, 2, n - 64, 64)), f"below N={n}"),
-            (_views((1, 2, 4096, 64)), f"below N={n}"),
+            (_views((1, 2, nf, 64)), f"below N={n}"),
             (_views((1, 2, n + 32, 64)), "multiple of 64"),
             (_views((1, 2, n, 96)), "D=96"),
             (_views((1, 2, n, 64), torch.float32), "16-bit"),
@@ -168,7 +177,19 @@ def test_compiler_picks_the_opaque_forward_where_the_hook_takes(monkeypatch, ste
         assert any(f"step0{step}_fwd_opaque" in o for o in graphs[-1]) == opaque, (n, graphs[-1])
     torch._dynamo.reset()
     q2 = make_qkv(Nq=64, Nk=64, D=32, batch_shape=(1,), dtype=torch.float16)[0]
-    assert not s.hopper_fwd_takes(q2, q2, q2), "a head dim the kernel does not cover was taken"
+    assert not s.hopper_fwd_takes(q2, q2, q2, True), "a head dim the kernel does not cover was taken"
+    # The mask is part of the question: N=64 with MIN_LEN (causal) left at 8192 and FULL_MIN_LEN lowered to 64, the
+    # call without a mask gets the opaque operator and the causal one the triton_op.
+    monkeypatch.setattr(g, "MIN_LEN", 8192)
+    monkeypatch.setattr(g, "FULL_MIN_LEN", 64)
+    monkeypatch.setattr(g, "device_takes", torch.compiler.assume_constant_result(lambda t, i: True))
+    for causal in (False, True):
+        graphs = []
+        torch._dynamo.reset()
+        out = torch.compile(fn.apply, backend=record, fullgraph=True)(q, k, v, causal)
+        torch.testing.assert_close(out, fn.apply(q, k, v, causal), atol=0, rtol=0)
+        assert any(f"step0{step}_fwd_opaque" in o for o in graphs[-1]) == (not causal), (causal, graphs[-1])
+    torch._dynamo.reset()
 
 
 def test_kernel_is_not_given_to_students(tmp_path):
@@ -196,10 +217,11 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on a
 @pytest.mark.parametrize("d, dtype", [(64, torch.bfloat16), (128, torch.bfloat16), (64, torch.float16)],
                          ids=["d64-bf16", "d128-bf16", "d64-fp16"])
 def test_hopper_path_at_min_len(d, dtype, is_causal):
-    """Step 05's solution at N = MIN_LEN on Hopper: the Gluon kernel runs and O passes the course's float64 check;
-    through step 06 (its forward is step 05's) dQ, dK, dV pass too."""
+    """Step 05's solution at N = MIN_LEN (causal) or FULL_MIN_LEN (not) on Hopper: the Gluon kernel runs and O passes
+    the course's float64 check; through step 06 (its forward is step 05's) dQ, dK, dV pass too."""
     s5, g = _step05_and_gluon()
-    q, k, v = make_qkv(Nq=g.MIN_LEN, Nk=g.MIN_LEN, D=d, batch_shape=(1, 1), dtype=dtype, device="cuda")
+    n = g.MIN_LEN if is_causal else g.FULL_MIN_LEN
+    q, k, v = make_qkv(Nq=n, Nk=n, D=d, batch_shape=(1, 1), dtype=dtype, device="cuda")
     before = g.LAUNCHES
     check_attention(s5.attention, q, k, v, is_causal=is_causal, grads=False)
     assert g.LAUNCHES == before + 1, "step 05's forward did not run the Gluon kernel on Hopper at MIN_LEN"
@@ -218,6 +240,7 @@ def test_hopper_path_ragged_n(monkeypatch, n, d, is_causal):
     CTA's 128 or 192 rows (the last key tile masked, the rows past N not stored), odd batch x heads."""
     s5, g = _step05_and_gluon()
     monkeypatch.setattr(g, "MIN_LEN", 64)
+    monkeypatch.setattr(g, "FULL_MIN_LEN", 64)
     q, k, v = make_qkv(Nq=n, Nk=n, D=d, batch_shape=(3,), dtype=torch.bfloat16, device="cuda")
     before = g.LAUNCHES
     check_attention(s5.attention, q, k, v, is_causal=is_causal, grads=False)
@@ -227,8 +250,8 @@ def test_hopper_path_ragged_n(monkeypatch, n, d, is_causal):
 @pytest.mark.gpu
 @needs_hopper
 def test_hopper_path_off_and_fallbacks(monkeypatch):
-    """``ATTN_GLUON_FWD=0``, a call that names its kernel, and inputs below MIN_LEN take step 05's Triton kernel: no
-    launch; with the path on, O from the Gluon kernel is close to the Triton kernel's (within the course's bf16
+    """``ATTN_GLUON_FWD=0``, a call that names its kernel, and inputs below MIN_LEN (causal) or FULL_MIN_LEN (not) take
+    step 05's Triton kernel: no launch; with the path on, O from the Gluon kernel is close to the Triton kernel's (within the course's bf16
     comparison: the two round differently) and LSE too."""
     s5, g = _step05_and_gluon()
     n = g.MIN_LEN
@@ -242,7 +265,12 @@ def test_hopper_path_off_and_fallbacks(monkeypatch):
     monkeypatch.setenv("ATTN_GLUON_FWD", "1")
     q2, k2, v2 = make_qkv(Nq=n - 64, Nk=n - 64, D=64, batch_shape=(1, 1), dtype=torch.bfloat16, device="cuda")
     s5.forward(q2, k2, v2, True, 0.125)
+    nf = g.FULL_MIN_LEN              # below MIN_LEN: the Triton kernel under a causal mask, the Gluon kernel without
+    q3, k3, v3 = make_qkv(Nq=nf, Nk=nf, D=64, batch_shape=(1, 1), dtype=torch.bfloat16, device="cuda")
+    s5.forward(q3, k3, v3, True, 0.125)
     assert g.LAUNCHES == before + 1, "the Gluon kernel ran where it was turned off, not asked for, or not covering"
+    s5.forward(q3, k3, v3, False, 0.125)
+    assert g.LAUNCHES == before + 2, f"the Gluon kernel did not run at N=FULL_MIN_LEN={nf} without a causal mask"
     # Two kernels, two summation orders: O a bf16 rounding apart here and there (the course's bf16 comparison), LSE
     # in fp32. Each against float64 is test_hopper_path_at_min_len's.
     assert_close(on[0], off[0], name="O: Gluon path against Triton kernel", dtype=torch.bfloat16)

@@ -50,7 +50,9 @@ results/h200/triton/gluon_fwd_ws_1203_round2/), every variant right. "pers 3wg n
 runs 8-18% slower than round 1 everywhere (not profiled). Causal N=4096
 stays at step 05's 0.83x (D=64) and 0.90x (D=128) cuDNN: neither round moves it. The same run timed round 1's
 shipped tiles at N=8192 for the first time: 1.07x step 05 at D=64 causal, 1.16x not, 1.01x and 1.07x at D=128, so
-step 05's solution takes the kernel from N=8192 (MIN_LEN); the persistent kernel is not in the solution.
+step 05's solution takes the kernel from N=8192 (MIN_LEN) under a causal mask; without one from N=4096 since 12-03
+(FULL_MIN_LEN: there round 1's tiles ran 1.04x step 05 at D=64 and 1.07x at D=128 in this run, 1.02x and 1.03x in
+round 1's). The persistent kernel is not in the solution.
 """
 
 from __future__ import annotations
