@@ -1016,9 +1016,10 @@ for r in ws2["timing_rows"]:
 # 0.90x (D = 128) cuDNN: neither round moves it, and it is this course's largest gap to cuDNN in the forward. At
 # N = 8192 round 1's tiles beat step 05 in all four cases (1.01-1.16x); at N = 4096 without a causal mask too (1.04x
 # at D = 64, 1.07x at D = 128; 1.02x and 1.03x in round 1's own run), with it not (0.95x, 0.98x). So the solution of
-# step 05 hands the round-1 kernel N >= 8192 under a causal mask and N >= 4096 without one, on Hopper
-# (`solutions/gluon_fwd.py`, `hopper_fwd` in the step; `ATTN_GLUON_FWD=0` turns it off), and keeps its Triton kernel
-# below; compiled too, through the opaque operator of section 9.
+# step 05 hands the Gluon forward N >= 8192 under a causal mask and N >= 4096 without one, on Hopper
+# (`solutions/gluon_fwd.py`, `hopper_fwd` in the step; `ATTN_GLUON_FWD=0` turns it off): the round-1 kernel, except
+# at D = 64 without a mask, where it runs the persistent one; below those lengths its Triton kernel; compiled too,
+# through the opaque operator of section 9.
 
 # %% [markdown]
 # ## References

@@ -19,10 +19,13 @@ CS336 leaderboard shape level (1.268 ms against 1.277-1.335). A second run (2026
 results/h200/triton/gluon_fwd_ws_1203_round2/) added N=8192: these tiles 1.07x step 05 at D=64 causal, 1.16x not,
 1.01x and 1.07x at D=128. At N=4096 they ran 0.95-1.07x: 1.04x and 1.07x without a causal mask (D 64, 128), 0.95x
 and 0.98x with it (round 1 at N=4096: 1.02x and 1.03x not causal). So the path starts at ``MIN_LEN`` = 8192 under a
-causal mask and at ``FULL_MIN_LEN`` = 4096 without one. Where it applies: D 64 or 128, fp16/bf16, self-attention (one
-shape for q, k, v), contiguous (B, H, N, D), N >= MIN_LEN (causal) or FULL_MIN_LEN (not) and a multiple of 64. Elsewhere, on other
-GPUs, while a compiler traces the call, and with ``ATTN_GLUON_FWD=0`` in the environment, step 05 runs its Triton
-kernel.
+causal mask and at ``FULL_MIN_LEN`` = 4096 without one. Without a causal mask at D=64 it runs the same partitions
+persistent (``_gluon_fwd_ws_persistent``: one CTA an SM walking the work tiles, the loader running on into the next
+tile's Q and K/V while the consumers finish this one): 1.09x the kernel above at N=4096 and 1.02x at 8192 and 16384
+in that run (1.14-1.18x step 05, 1.04-1.10x cuDNN); causal and at D=128 it lost. Where it applies: D 64 or 128,
+fp16/bf16, self-attention (one shape for q, k, v), contiguous (B, H, N, D), N >= MIN_LEN (causal) or FULL_MIN_LEN
+(not) and a multiple of 64. Elsewhere, on other GPUs, while a compiler traces the call, and with ``ATTN_GLUON_FWD=0``
+in the environment, step 05 runs its Triton kernel.
 
 Your step 05 (``steps/``) does not call this file: its forward runs the Triton kernel you write, on every GPU.
 """
@@ -52,9 +55,14 @@ WG_ROWS = 64          # query rows a consumer warpgroup owns (one m64 wgmma)
 # N=16384 ("ws 3wg n128 s2" at D=64, "ws 2wg n128 s3" at D=128). A warpgroup is the unit of registers:
 # (NUM_WG + 1) warpgroups x 128 threads x maxnreg <= 65536.
 TILES = {64: (3, 128, 2, 128, 160, 24), 128: (2, 128, 3, 168, 240, 24)}
+# Without a causal mask at D=64, the persistent kernel (one CTA an SM walking the work tiles; round 2's best there,
+# "pers 3wg n128 s3": 1.09x round 1's kernel at N=4096, 1.02x at 8192 and 16384; 1.04-1.10x cuDNN). Causal and at
+# D=128 it lost to the kernel above (0.81-0.98x cuDNN against 0.83-1.00x; 8-18% slower at D=128).
+PERSISTENT_TILES = {64: (3, 128, 3, 128, 160, 24)}
 MIN_LEN = 8192          # under a causal mask
 FULL_MIN_LEN = 4096     # without one (gluon_fwd_ws_1203_round2/: 1.04x step 05 at D=64, 1.07x at D=128, N=4096)
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
+LAST_KERNEL = None                # which of the two it ran last: "ws" or "persistent" (the GPU tests read it)
 
 
 def enabled() -> bool:
@@ -298,6 +306,179 @@ def _gluon_fwd_ws(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
+# %% The persistent kernel (without a causal mask at D=64): the same partitions, one CTA an SM -------------------------
+# bench/experiments/gluon_fwd_ws.py --round 2. At N=4096 the kernel above lost 0.96-1.03x step 05 where at N=16384 it
+# won 1.04-1.14x, with the same number of CTAs: per CTA about 7 us of fixed cost (Q's load, filling the K/V ring,
+# the epilogue) that nothing overlaps, one CTA an SM. Here the grid is one CTA an SM and each walks work tiles
+# t = pid, pid + G, ... (causal: every head's heaviest query tile first, as step 05 orders them); the loader runs on
+# into the next tile's Q (two Q buffers) and K/V (one ring across tiles) while the consumers finish and store this one.
+
+@gluon.jit
+def _tile_coords(t, BH, n_m, N, BM_CTA: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    if IS_CAUSAL:
+        bh = t % BH
+        start_m = (n_m - 1 - t // BH) * BM_CTA
+        hi = gl.minimum(start_m + BM_CTA, N)
+    else:
+        bh = t // n_m
+        start_m = (t % n_m) * BM_CTA
+        hi = N
+    return bh * N, start_m, gl.cdiv(hi, BLOCK_N)
+
+
+@gluon.jit
+def _pers_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N,
+                 NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    BM_CTA: gl.constexpr = NUM_WG * 64
+    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+    kv = 0
+    i = 0
+    for t in range(gl.program_id(0), BH * n_m, gl.num_programs(0)):
+        row0, start_m, n_tiles = _tile_coords(t, BH, n_m, N, BM_CTA, BLOCK_N, IS_CAUSAL)
+        qb = i % 2
+        mbarrier.wait(q_empty.index(qb), ((i // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qb), NUM_WG * q_desc.block_type.nbytes)
+        for w in gl.static_range(NUM_WG):
+            tma.async_copy_global_to_shared(q_desc, [row0 + start_m + w * 64, 0], q_ready.index(qb),
+                                            q_smem.index(qb * NUM_WG + w))
+        for j in range(n_tiles):
+            st = kv % STAGES
+            mbarrier.wait(empty.index(st), ((kv // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(st), kv_bytes)
+            tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
+            tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
+            kv += 1
+        i += 1
+
+
+@gluon.jit
+def _pers_consumer(O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                   WG: gl.constexpr, NUM_WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    BM: gl.constexpr = 64
+    BM_CTA: gl.constexpr = NUM_WG * 64
+    dtype: gl.constexpr = k_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    zero_s = gl.zeros([BM, BLOCK_N], gl.float32, layout=s_layout)
+    kv = 0
+    i = 0
+    for t in range(gl.program_id(0), BH * n_m, gl.num_programs(0)):
+        row0, start_m, n_tiles = _tile_coords(t, BH, n_m, N, BM_CTA, BLOCK_N, IS_CAUSAL)
+        m_start = start_m + WG * BM
+        offs_m = m_start + gl.arange(0, BM, layout=row_s)
+        qb = i % 2
+        q_tile = q_smem.index(qb * NUM_WG + WG)
+        mbarrier.wait(q_ready.index(qb), (i // 2) & 1)
+
+        st = kv % STAGES
+        mbarrier.wait(ready.index(st), (kv // STAGES) & 1)
+        s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+        if IS_CAUSAL:
+            s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
+        else:
+            if BLOCK_N > N:
+                s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
+        m_i = gl.max(s_acc, 1) * qk_scale
+        p = gl.exp2(s_acc * qk_scale - m_i[:, None])
+        l_i = gl.sum(p, 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
+
+        for j in range(1, n_tiles):
+            st = (kv + j) % STAGES
+            prev = (kv + j - 1) % STAGES
+            mbarrier.wait(ready.index(st), ((kv + j) // STAGES) & 1)
+            s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
+            if IS_CAUSAL:
+                if j * BLOCK_N + BLOCK_N > m_start:
+                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                    s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
+            else:
+                if j * BLOCK_N + BLOCK_N > N:
+                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                    s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s_acc * qk_scale - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
+            mbarrier.arrive(empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        # Every S of this tile is waited for: Q's buffer can take the tile after next.
+        mbarrier.arrive(q_empty.index(qb), count=1)
+        last = (kv + n_tiles - 1) % STAGES
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index(last), count=1)
+
+        acc = acc / gl.convert_layout(l_i, row_o)[:, None]
+        rows_o = m_start + gl.arange(0, BM, layout=row_o)
+        cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        o_ptrs = O + (row0 + rows_o)[:, None].to(gl.int64) * HEAD_DIM + cols_o[None, :]
+        gl.store(o_ptrs, acc.to(dtype), mask=(rows_o < N)[:, None])
+        gl.store(LSE + row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < N)
+        kv += n_tiles
+        i += 1
+
+
+@gluon.jit
+def _gluon_fwd_ws_persistent(q_desc, k_desc, v_desc, O, LSE, BH, N, qk_scale,
+                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                             NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                             IS_CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    BM_CTA: gl.constexpr = NUM_WG * 64
+    n_m = gl.cdiv(N, BM_CTA)
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(q_ready.index(b), count=1)
+        mbarrier.init(q_empty.index(b), count=NUM_WG)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=NUM_WG)
+    # Written out in full, as in _gluon_fwd_ws (a tuple built by `+` drops its constexprs' wrapping).
+    if NUM_WG == 2:
+        gl.warp_specialize([
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m,
+                            N, NUM_WG, BLOCK_N, STAGES, IS_CAUSAL)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
+                              2, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_pers_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m,
+                            N, NUM_WG, BLOCK_N, STAGES, IS_CAUSAL)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+
+
 # %% Host -----------------------------------------------------------------------------------------------------------
 
 def launch_args(q4, k4, v4, o4, lse, is_causal, scale, tiles, pingpong=False):
@@ -320,17 +501,36 @@ def launch_args(q4, k4, v4, o4, lse, is_causal, scale, tiles, pingpong=False):
     return grid, args, kwargs
 
 
+def persistent_launch_args(q4, k4, v4, o4, lse, scale, tiles, is_causal=False):
+    """(grid, args, kwargs) of the persistent kernel: as ``launch_args``, with one CTA an SM (no more than the work
+    tiles, NUM_WG x 64 query rows of one head each) and B*H passed in."""
+    B, H, N, D = q4.shape
+    _, args, kwargs = launch_args(q4, k4, v4, o4, lse, is_causal, scale, tiles)
+    kwargs.pop("PINGPONG")
+    q_desc, k_desc, v_desc, o4, lse, n, qk_scale = args
+    n_work = B * H * triton.cdiv(N, tiles[0] * WG_ROWS)
+    sms = torch.cuda.get_device_properties(q4.device).multi_processor_count if q4.is_cuda else 132
+    return (min(sms, n_work),), (q_desc, k_desc, v_desc, o4, lse, B * H, n, qk_scale), kwargs
+
+
 def launch_if_covered(q, k, v, is_causal, scale):
     """Step 05's hook: ``(O, LSE)`` from the Gluon kernel where it applies (``not_covered``), else None. q, k, v as
     step 05's ``forward`` takes them; O shaped like q, LSE ``q.shape[:-1]`` float32, both contiguous."""
-    global LAUNCHES
+    global LAUNCHES, LAST_KERNEL
     from .step05_triton_fwd import as_bhnd
     q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
     if not_covered(q4, k4, v4, is_causal) is not None:
         return None
     o = q.new_empty(q.shape)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-    grid, args, kwargs = launch_args(q4, k4, v4, as_bhnd(o), lse, is_causal, scale, TILES[q4.shape[-1]])
-    _gluon_fwd_ws[grid](*args, **kwargs)
+    D = q4.shape[-1]
+    if not is_causal and D in PERSISTENT_TILES:
+        grid, args, kwargs = persistent_launch_args(q4, k4, v4, as_bhnd(o), lse, scale, PERSISTENT_TILES[D])
+        _gluon_fwd_ws_persistent[grid](*args, **kwargs)
+        LAST_KERNEL = "persistent"
+    else:
+        grid, args, kwargs = launch_args(q4, k4, v4, as_bhnd(o), lse, is_causal, scale, TILES[D])
+        _gluon_fwd_ws[grid](*args, **kwargs)
+        LAST_KERNEL = "ws"
     LAUNCHES += 1
     return o, lse

@@ -17,23 +17,43 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "experiments" / "gluon_fwd_ws.py"
 pytestmark = [pytest.mark.step05]
-VARIANTS = ["ws 3wg n128 s2", "pers 2wg n128 s2"]    # step 05's D=64 tiles; round 2's persistent kernel
+# Step 05's D=64 tiles (causal), round 2's persistent kernel (causal), and the persistent tiles step 05 runs at D=64
+# without a causal mask (solutions/gluon_fwd.py, PERSISTENT_TILES).
+VARIANTS = {"causal": ["ws 3wg n128 s2", "pers 2wg n128 s2"], "full": ["pers 3wg n128 s3"]}
+KEYS = [f"{v} D64 {mask}" for mask, names in VARIANTS.items() for v in names]
 
 
 @functools.cache
 def _reports():
-    """{"VARIANT D64 causal": report}, compiled in a process without TRITON_INTERPRET (Gluon cannot compile under
+    """{"VARIANT D64 MASK": report}, compiled in a process without TRITON_INTERPRET (Gluon cannot compile under
     the interpreter the CPU test session runs)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(SCRIPT), "--aot-check", "--quick", "--variants", ",".join(VARIANTS)],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = {}
+    for mask, names in VARIANTS.items():
+        r = subprocess.run([sys.executable, str(SCRIPT), "--aot-check", "--quick", "--masks", mask,
+                            "--variants", ",".join(names)], capture_output=True, text=True, env=env, cwd=ROOT,
+                           timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        out.update(json.loads(r.stdout.strip().splitlines()[-1]))
+    return out
 
 
-@pytest.mark.parametrize("variant, consumer_regs", [("ws 3wg n128 s2", 160), ("pers 2wg n128 s2", 240)])
-def test_registers_move_from_the_loader_to_the_consumers(variant, consumer_regs):
-    rep = _reports()[f"{variant} D64 causal"]
+def test_the_shipped_persistent_tiles_are_compiled_here():
+    import importlib
+    from attnlib.loader import load_step
+    s5 = load_step(5, "solutions")
+    g = importlib.import_module(f"{s5.__package__}.gluon_fwd")
+    spec = importlib.util.spec_from_file_location("gluon_fwd_ws", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.PERSISTENT["pers 3wg n128 s3"] == g.PERSISTENT_TILES[64], "step 05 runs other tiles than were compiled here"
+    assert mod._gluon_fwd_ws_persistent.fn.__module__.endswith("gluon_fwd"), "the experiment times a copy"
+
+
+@pytest.mark.parametrize("key, consumer_regs", [(KEYS[0], 160), (KEYS[1], 240), (KEYS[2], 160)])
+def test_registers_move_from_the_loader_to_the_consumers(key, consumer_regs):
+    variant = key.split(" D64")[0]
+    rep = _reports()[key]
     assert isinstance(rep, dict), rep
     assert {24, consumer_regs} <= set(rep["setmaxnreg"]), (
         f"{variant}: setmaxnreg {rep['setmaxnreg']} in the PTX; gl.warp_specialize's worker_num_regs should give the "
@@ -42,9 +62,10 @@ def test_registers_move_from_the_loader_to_the_consumers(variant, consumer_regs)
         assert rep["spill"] == [0, 0], f"{variant}: spills {rep['spill']} at D=64"
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_each_consumer_keeps_p_v_in_flight_under_its_softmax(variant):
-    waits = _reports()[f"{variant} D64 causal"]["waits"]
+@pytest.mark.parametrize("key", KEYS)
+def test_each_consumer_keeps_p_v_in_flight_under_its_softmax(key):
+    variant = key.split(" D64")[0]
+    waits = _reports()[key]["waits"]
     n_wg = int(variant.split()[1][0])
     assert waits.get("1") == n_wg, (
         f"{variant}: wgmma.wait_group 1 x{waits.get('1')} in the PTX, want one a consumer ({n_wg}): _ws_consumer's "

@@ -225,6 +225,8 @@ def test_hopper_path_at_min_len(d, dtype, is_causal):
     before = g.LAUNCHES
     check_attention(s5.attention, q, k, v, is_causal=is_causal, grads=False)
     assert g.LAUNCHES == before + 1, "step 05's forward did not run the Gluon kernel on Hopper at MIN_LEN"
+    want = "persistent" if not is_causal and d in g.PERSISTENT_TILES else "ws"
+    assert g.LAST_KERNEL == want, f"ran the {g.LAST_KERNEL} kernel, want {want}"
     if d == 64 and dtype == torch.bfloat16:
         s6 = load_step(6, "solutions")
         check_attention(s6.attention, q, k, v, is_causal=is_causal)
@@ -233,18 +235,22 @@ def test_hopper_path_at_min_len(d, dtype, is_causal):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("n, d, is_causal", [(1088, 64, True), (1088, 64, False), (4032, 128, False),
-                                             (2112, 128, True)])
-def test_hopper_path_ragged_n(monkeypatch, n, d, is_causal):
+@pytest.mark.parametrize("n, d, is_causal, batch", [(1088, 64, True, (3,)), (1088, 64, False, (3,)),
+                                                    (1088, 64, False, (5, 31)), (4032, 128, False, (3,)),
+                                                    (2112, 128, True, (3,))])
+def test_hopper_path_ragged_n(monkeypatch, n, d, is_causal, batch):
     """MIN_LEN lowered so that short, ragged N take the kernel: N not a multiple of the 128-key tiles nor of the
-    CTA's 128 or 192 rows (the last key tile masked, the rows past N not stored), odd batch x heads."""
+    CTA's 128 or 192 rows (the last key tile masked, the rows past N not stored), odd batch x heads. At D=64 without
+    a mask the persistent kernel: with 155 heads, 930 work tiles on the H200's 132 CTAs, each CTA walks 7-8 of them
+    (Q's two buffers and the K/V ring carried from one tile to the next)."""
     s5, g = _step05_and_gluon()
     monkeypatch.setattr(g, "MIN_LEN", 64)
     monkeypatch.setattr(g, "FULL_MIN_LEN", 64)
-    q, k, v = make_qkv(Nq=n, Nk=n, D=d, batch_shape=(3,), dtype=torch.bfloat16, device="cuda")
+    q, k, v = make_qkv(Nq=n, Nk=n, D=d, batch_shape=batch, dtype=torch.bfloat16, device="cuda")
     before = g.LAUNCHES
     check_attention(s5.attention, q, k, v, is_causal=is_causal, grads=False)
     assert g.LAUNCHES == before + 1
+    assert g.LAST_KERNEL == ("persistent" if not is_causal and d in g.PERSISTENT_TILES else "ws")
 
 
 @pytest.mark.gpu

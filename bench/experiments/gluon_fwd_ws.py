@@ -52,7 +52,8 @@ stays at step 05's 0.83x (D=64) and 0.90x (D=128) cuDNN: neither round moves it.
 shipped tiles at N=8192 for the first time: 1.07x step 05 at D=64 causal, 1.16x not, 1.01x and 1.07x at D=128, so
 step 05's solution takes the kernel from N=8192 (MIN_LEN) under a causal mask; without one from N=4096 since 12-03
 (FULL_MIN_LEN: there round 1's tiles ran 1.04x step 05 at D=64 and 1.07x at D=128 in this run, 1.02x and 1.03x in
-round 1's). The persistent kernel is not in the solution.
+round 1's). And at D=64 without a causal mask step 05 runs the persistent kernel since 12-03 ("pers 3wg n128 s3",
+``PERSISTENT_TILES`` in solutions/gluon_fwd.py, where the kernel now lives; this file imports it).
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
 
 from bench.experiments import gpu_run  # noqa: E402
 from bench.experiments import gluon_fwd_overlap as gfo  # noqa: E402
-from solutions.gluon_fwd import _gluon_fwd_ws  # noqa: E402
+from solutions.gluon_fwd import _gluon_fwd_ws, _gluon_fwd_ws_persistent  # noqa: E402
 from solutions.gluon_fwd import launch_args as _solution_launch_args  # noqa: E402
+from solutions.gluon_fwd import persistent_launch_args  # noqa: E402
 
 REC = gpu_run.Record("gluon_fwd_ws")
 log = REC.log
@@ -91,177 +93,8 @@ LOG2E = 1.4426950408889634
 # Step 05's since this experiment's first run: solutions/gluon_fwd.py holds ``_gluon_fwd_ws`` (and the partitions
 # ``_ws_loader``, ``_ws_consumer``); this file times its variants.
 
-# Round 2: the same partitions made persistent. At N=4096 round 1's kernel lost 0.96-1.03x step 05 where at N=16384 it
-# won 1.04-1.14x, with the same number of CTAs: per CTA about 7 us of fixed cost (Q's load, filling the K/V ring,
-# the epilogue) that nothing overlaps, one CTA an SM. Here the grid is one CTA an SM and each walks work tiles
-# t = pid, pid + G, ... (causal: every head's heaviest query tile first, as step 05 orders them); the loader runs on
-# into the next tile's Q (two Q buffers) and K/V (one ring across tiles) while the consumers finish and store this one.
-
-@gluon.jit
-def _tile_coords(t, BH, n_m, N, BM_CTA: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    if IS_CAUSAL:
-        bh = t % BH
-        start_m = (n_m - 1 - t // BH) * BM_CTA
-        hi = gl.minimum(start_m + BM_CTA, N)
-    else:
-        bh = t // n_m
-        start_m = (t % n_m) * BM_CTA
-        hi = N
-    return bh * N, start_m, gl.cdiv(hi, BLOCK_N)
-
-
-@gluon.jit
-def _pers_loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N,
-                 NUM_WG: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    BM_CTA: gl.constexpr = NUM_WG * 64
-    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
-    kv = 0
-    i = 0
-    for t in range(gl.program_id(0), BH * n_m, gl.num_programs(0)):
-        row0, start_m, n_tiles = _tile_coords(t, BH, n_m, N, BM_CTA, BLOCK_N, IS_CAUSAL)
-        qb = i % 2
-        mbarrier.wait(q_empty.index(qb), ((i // 2) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(qb), NUM_WG * q_desc.block_type.nbytes)
-        for w in gl.static_range(NUM_WG):
-            tma.async_copy_global_to_shared(q_desc, [row0 + start_m + w * 64, 0], q_ready.index(qb),
-                                            q_smem.index(qb * NUM_WG + w))
-        for j in range(n_tiles):
-            st = kv % STAGES
-            mbarrier.wait(empty.index(st), ((kv // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(st), kv_bytes)
-            tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
-            tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
-            kv += 1
-        i += 1
-
-
-@gluon.jit
-def _pers_consumer(O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
-                   WG: gl.constexpr, NUM_WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    BM: gl.constexpr = 64
-    BM_CTA: gl.constexpr = NUM_WG * 64
-    dtype: gl.constexpr = k_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    zero_s = gl.zeros([BM, BLOCK_N], gl.float32, layout=s_layout)
-    kv = 0
-    i = 0
-    for t in range(gl.program_id(0), BH * n_m, gl.num_programs(0)):
-        row0, start_m, n_tiles = _tile_coords(t, BH, n_m, N, BM_CTA, BLOCK_N, IS_CAUSAL)
-        m_start = start_m + WG * BM
-        offs_m = m_start + gl.arange(0, BM, layout=row_s)
-        qb = i % 2
-        q_tile = q_smem.index(qb * NUM_WG + WG)
-        mbarrier.wait(q_ready.index(qb), (i // 2) & 1)
-
-        st = kv % STAGES
-        mbarrier.wait(ready.index(st), (kv // STAGES) & 1)
-        s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        s_acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_acc,))
-        offs_n = gl.arange(0, BLOCK_N, layout=col_s)
-        if IS_CAUSAL:
-            s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
-        else:
-            if BLOCK_N > N:
-                s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
-        m_i = gl.max(s_acc, 1) * qk_scale
-        p = gl.exp2(s_acc * qk_scale - m_i[:, None])
-        l_i = gl.sum(p, 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
-
-        for j in range(1, n_tiles):
-            st = (kv + j) % STAGES
-            prev = (kv + j - 1) % STAGES
-            mbarrier.wait(ready.index(st), ((kv + j) // STAGES) & 1)
-            s_acc = warpgroup_mma(q_tile, k_smem.index(st).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            s_acc = warpgroup_mma_wait(num_outstanding=1, deps=(s_acc,))
-            if IS_CAUSAL:
-                if j * BLOCK_N + BLOCK_N > m_start:
-                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
-                    s_acc = gl.where(offs_n[None, :] <= offs_m[:, None], s_acc, float("-inf"))
-            else:
-                if j * BLOCK_N + BLOCK_N > N:
-                    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
-                    s_acc = gl.where(offs_n[None, :] < N, s_acc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s_acc, 1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s_acc * qk_scale - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-            mbarrier.arrive(empty.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        # Every S of this tile is waited for: Q's buffer can take the tile after next.
-        mbarrier.arrive(q_empty.index(qb), count=1)
-        last = (kv + n_tiles - 1) % STAGES
-        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index(last), count=1)
-
-        acc = acc / gl.convert_layout(l_i, row_o)[:, None]
-        rows_o = m_start + gl.arange(0, BM, layout=row_o)
-        cols_o = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        o_ptrs = O + (row0 + rows_o)[:, None].to(gl.int64) * HEAD_DIM + cols_o[None, :]
-        gl.store(o_ptrs, acc.to(dtype), mask=(rows_o < N)[:, None])
-        gl.store(LSE + row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < N)
-        kv += n_tiles
-        i += 1
-
-
-@gluon.jit
-def _gluon_fwd_ws_persistent(q_desc, k_desc, v_desc, O, LSE, BH, N, qk_scale,
-                             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                             NUM_WG: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                             IS_CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    BM_CTA: gl.constexpr = NUM_WG * 64
-    n_m = gl.cdiv(N, BM_CTA)
-    dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2 * NUM_WG] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(2):
-        mbarrier.init(q_ready.index(b), count=1)
-        mbarrier.init(q_empty.index(b), count=NUM_WG)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=NUM_WG)
-    # Written out in full, as in solutions/gluon_fwd.py (a tuple built by `+` drops its constexprs' wrapping).
-    if NUM_WG == 2:
-        gl.warp_specialize([
-            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
-                              0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
-            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
-                              1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
-            (_pers_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m,
-                            N, NUM_WG, BLOCK_N, STAGES, IS_CAUSAL)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-    else:
-        gl.warp_specialize([
-            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
-                              0, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
-            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
-                              1, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
-            (_pers_consumer, (O, LSE, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m, N, qk_scale,
-                              2, NUM_WG, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
-            (_pers_loader, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, ready, empty, BH, n_m,
-                            N, NUM_WG, BLOCK_N, STAGES, IS_CAUSAL)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
-
+# Round 2: the same partitions made persistent (``_gluon_fwd_ws_persistent``, ``_pers_loader``, ``_pers_consumer``,
+# ``_tile_coords``): written here, in solutions/gluon_fwd.py since step 05 runs it at D=64 without a causal mask.
 
 # %% Host ---------------------------------------------------------------------------------------------------
 
@@ -321,13 +154,8 @@ def launch_args(q, k, v, causal, variant, o=None, lse=None):
     o = torch.empty_like(q) if o is None else o
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32) if lse is None else lse
     if variant in PERSISTENT:
-        tiles = PERSISTENT[variant]
-        _, args, kwargs = _solution_launch_args(q, k, v, o, lse, causal, D ** -0.5, tiles)
-        kwargs.pop("PINGPONG")
-        q_desc, k_desc, v_desc, o, lse, n, qk_scale = args
-        n_work = B * H * triton.cdiv(N, tiles[0] * 64)
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
-        return (min(sms, n_work),), (q_desc, k_desc, v_desc, o, lse, B * H, n, qk_scale), kwargs, o, lse
+        grid, args, kwargs = persistent_launch_args(q, k, v, o, lse, D ** -0.5, PERSISTENT[variant], causal)
+        return grid, args, kwargs, o, lse
     wg, bn, stages, maxnreg, cregs, lregs, pp = VARIANTS[variant]
     grid, args, kwargs = _solution_launch_args(q, k, v, o, lse, causal, D ** -0.5,
                                                (wg, bn, stages, maxnreg, cregs, lregs), pingpong=pp)
@@ -466,16 +294,20 @@ def report(variant: str, d: int, causal: bool) -> dict:
     return out
 
 
-def aot_check(names, quick=False) -> int:
-    """Compile ``names`` for sm_90a (D 64 and 128, causal and not; ``quick``: D=64 causal alone) and print
-    ``report``'s figures, the last line all of them as JSON."""
+def aot_check(names, quick=False, masks=None) -> int:
+    """Compile ``names`` for sm_90a (D 64 and 128, causal and not; ``quick``: D=64 causal alone, or D=64 with
+    ``masks``, a subset of ("causal", "full")) and print ``report``'s figures, the last line all of them as JSON."""
     failures = 0
     rows = {}
     for name in names:
         for d in ((64,) if quick else (64, 128)):
             if not fits(name, d):
                 continue
-            for causal in ((True,) if quick else (True, False)):
+            if masks:
+                causals = tuple(m == "causal" for m in masks)
+            else:
+                causals = (True,) if quick else (True, False)
+            for causal in causals:
                 key = f"{name} D{d} {'causal' if causal else 'full'}"
                 try:
                     rows[key] = report(name, d, causal)
@@ -492,6 +324,7 @@ def main():
     ap.add_argument("--out", type=Path)
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--quick", action="store_true", help="with --aot-check: D=64 causal only")
+    ap.add_argument("--masks", default=None, help="with --aot-check --quick: D=64 under these masks, of causal,full")
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS or PERSISTENT (default: "
                                                      "the round's)")
@@ -500,7 +333,10 @@ def main():
     args = ap.parse_args()
     names = args.variants.split(",") if args.variants else ROUNDS[args.round]
     if args.aot_check:
-        return aot_check(names, args.quick)
+        masks = args.masks.split(",") if args.masks else None
+        if masks and not set(masks) <= {"causal", "full"}:
+            ap.error(f"--masks: causal and/or full, got {args.masks}")
+        return aot_check(names, args.quick, masks)
     if not torch.cuda.is_available():
         ap.error("a Hopper GPU (or --aot-check)")
     if args.out is None:
