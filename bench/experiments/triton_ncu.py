@@ -23,7 +23,7 @@ Usage (an H200; ncu fixes the clocks unless told otherwise, as in step07_v4/ncu)
     python bench/experiments/triton_ncu.py --out DIR         # triton_timings.json: do_bench, no ncu
     python bench/experiments/triton_ncu.py --summarize DIR   # summary.json (CPU), the fields of cuda_v3_v4_ncu.py
     (each of the three with --shapes c4k64,c4k128: the causal forward and backward at N=4096, D 64 and 128,
-    instead; added 2026-12-03, not yet run on a GPU)
+    instead; run on an H200 2026-12-03 11:36 UTC, results/h200/triton/ncu_c4k/ and its README)
 Test: tests/test_experiment_triton_ncu.py (the sides' names and the summary on a stand-in report).
 
 Answer (one H200, 2026-12-01 ~22:07 UTC; results/h200/triton/ncu/, its README has the table). ncu fixed the SM
