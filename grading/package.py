@@ -131,6 +131,7 @@ RELEASE_FILES = [
     "results/h200/step07_bwd_wgmma/cuda_bwd_wgmma.json",   # step 07's backward v3 (notebook 07 reads it)
     "results/h200/step07_v6/cuda_v6.json",                 # step 07's forward v6 (notebook 07 reads it)
     "results/h200/triton/ncu/summary.json",                # ncu of steps 05/06 against cuDNN (notebook 06 reads it)
+    "results/h200/triton/ncu_c4k/summary.json",            # the same at N=4096 causal (notebook 06 reads it)
 ]
 # Never, whatever the list above says: a second lock. Among them the maintainers' tests, which check
 # solutions/ itself (test_stubs, test_notebooks_solutions): the release has no solutions/.

@@ -813,6 +813,35 @@ print(f"\nbackward, tensor-busy ms: step 06 {busy('s06-bwd D=64 causal'):.2f}, c
 #   in Triton here, section 4), or a schedule Triton itself cannot write (Gluon, below).
 
 # %% [markdown]
+# The forward's largest gap that is left, after the Gluon kernels of the rest of this section, is causal attention
+# at N = 4096 (0.86x cuDNN at D = 64, 0.94x at D = 128 in `results/h200/grid_1203c/`). The same profile there
+# (`results/h200/triton/ncu_c4k/`, FlashAttention's grid as one batch, forward and backward), with two more columns:
+# the instructions each kernel issued and how busy its issue slots were.
+
+# %%
+c4k = json.loads((RESULTS / "triton" / "ncu_c4k" / "summary.json").read_text())
+print(f"{'side':30s} {'kernel':24s} {'busy ms':>8s} {'XU':>6s} {'instr 1e9':>9s} {'issue':>6s} {'LSU':>6s}  top stall")
+for k in c4k["kernels"]:
+    if k["tensor_busy_ms"] < 0.01:
+        continue                      # the backward's small kernels (Delta, cuDNN's dQ conversion)
+    print(f"{k['side']:30s} {k['kernel'][:24]:24s} {k['tensor_busy_ms']:8.3f} {k['xu_pipe_pct']:5.1f}% "
+          f"{k['instructions_issued_e9']:9.3f} {k['issue_slots_busy_pct']:5.1f}% {k['lsu_pipe_pct']:5.1f}%  "
+          f"{k['top_stalls'][0][0]}")
+for d in (64, 128):
+    b = {impl: sum(k["tensor_busy_ms"] for k in c4k["kernels"] if k["side"] == f"{impl}-bwd D={d} causal N=4096")
+         for impl in ("s06", "cudnn")}
+    print(f"backward D={d}: tensor-busy ms step 06 {b['s06']:.3f}, cuDNN {b['cudnn']:.3f} ({b['s06'] / b['cudnn']:.2f}x)")
+
+# %% [markdown]
+# At D = 64 step 05 does cuDNN's tensor work and its exponentials (the same busy time, the same XU share) in a third
+# more instructions, its issue slots the busier, its warps' first stall `not_selected`: ready, and waiting for a slot
+# another warp took. The extra instructions are its loads and their addresses (the LSU column): one program of 8 warps
+# issues the copies and the math alike, where cuDNN gives the copies to a TMA producer. At D = 128 the instruction
+# counts match and the tensor pipe is busy 53% of the cycles against 63%: the waits of one 8-warp program, as at
+# N = 16384 above. The warp-specialized Gluon forward answers both, and wins from N = 8192; at N = 4096 under a causal
+# mask its per-CTA cost outweighs what it saves. The backward is the 1.4x of the leaderboard shape again, at both D.
+
+# %% [markdown]
 # ### At the power limit: why the harness reads more than the kernels add up to
 #
 # One more measurement changes how to read every harness figure above. Under `torch.profiler`, the kernels of one
