@@ -54,6 +54,17 @@ step 05's solution takes the kernel from N=8192 (MIN_LEN) under a causal mask; w
 (FULL_MIN_LEN: there round 1's tiles ran 1.04x step 05 at D=64 and 1.07x at D=128 in this run, 1.02x and 1.03x in
 round 1's). And at D=64 without a causal mask step 05 runs the persistent kernel since 12-03 ("pers 3wg n128 s3",
 ``PERSISTENT_TILES`` in solutions/gluon_fwd.py, where the kernel now lives; this file imports it).
+
+Round 3 (``--round 3``; prepared 2026-12-03, not yet run on a GPU): causal attention at N=4096 is the forward's
+largest gap left (0.86x cuDNN at D=64 in results/h200/grid_1203c/), and ncu there (results/h200/triton/ncu_c4k/)
+finds step 05 issue-bound on its own loads, which a TMA producer would take off the consumers, while round 1's kernel
+loses at that length to its per-CTA cost (one CTA an SM: nothing overlaps a CTA's Q load, ring fill and epilogue)
+and round 2's persistent form lost under the mask. Here round 1's kernel with two CTAs an SM (``ws 2wg n64 s2
+r80``: maxnreg 80, consumers 104, 64-key tiles, two stages, 48 KB), so that one CTA's prologue and epilogue run
+beside the other's loop; D=64, N 4096 and 8192, causal and not, against round 1's tiles, the persistent kernel,
+step 05 and cuDNN. ``--aot-check --quick --masks causal,full --variants "ws 2wg n64 s2 r80"`` (ptxas 13.0, no GPU):
+80 registers, 48 B spilled (96 consumers: 144 B), setmaxnreg 24 and 104, each consumer's P V left in flight under
+its softmax (one ``wgmma.wait_group 1`` each).
 """
 
 from __future__ import annotations
@@ -111,6 +122,9 @@ VARIANTS = {
     "ws 2wg n128 s2 pp": (2, 128, 2, 168, 240, 24, True),
     "ws 2wg n64 s3 pp": (2, 64, 3, 168, 240, 24, True),
     "ws 3wg n128 s2 pp": (3, 128, 2, 128, 160, 24, True),
+    # Round 3: two CTAs an SM (3 warpgroups x 128 threads x 80 registers = 30720, under half the SM's 65536), so one
+    # CTA's prologue and epilogue run beside the other's main loop; 64-key tiles, two stages (48 KB of shared memory).
+    "ws 2wg n64 s2 r80": (2, 64, 2, 80, 104, 24, False),
 }
 # Round 2: persistent (``_gluon_fwd_ws_persistent``), (NUM_WG, BLOCK_N, STAGES, maxnreg, consumer regs, loader regs).
 PERSISTENT = {
@@ -119,8 +133,9 @@ PERSISTENT = {
     "pers 2wg n128 s2": (2, 128, 2, 168, 240, 24),
     "pers 2wg n128 s3": (2, 128, 3, 168, 240, 24),
 }
-ROUNDS = {1: list(VARIANTS),
-          2: ["ws 3wg n128 s2", "ws 2wg n128 s3"] + list(PERSISTENT)}    # round 1's best (step 05's since), persistent
+ROUNDS = {1: [v for v in VARIANTS if "r80" not in v],
+          2: ["ws 3wg n128 s2", "ws 2wg n128 s3"] + list(PERSISTENT),    # round 1's best (step 05's since), persistent
+          3: ["ws 3wg n128 s2", "ws 2wg n128 s3", "ws 2wg n64 s2 r80", "pers 3wg n128 s3"]}   # two CTAs an SM
 GLUON_BASELINE = "overlap 128x64 s3 w8"     # gluon_fwd_overlap's best kernel (not warp-specialized)
 
 
@@ -144,6 +159,8 @@ def fits(variant: str, d: int) -> bool:
     wg, bn, stages = (PERSISTENT.get(variant) or VARIANTS[variant])[:3]
     if wg == 3 and d == 128:
         return False        # the consumers' 160 registers spill ~830 B at D=128 (--aot-check)
+    if "r80" in variant and d == 128:
+        return False        # 104 registers a consumer thread cannot hold a 64x128 fp32 O at D=128
     q_sets = 2 if variant in PERSISTENT else 1
     return (q_sets * wg * 64 * d + stages * 2 * bn * d) * 2 + 1024 <= 227 * 1024
 
@@ -329,7 +346,8 @@ def main():
     ap.add_argument("--variants", default=None, help="comma-separated names of VARIANTS or PERSISTENT (default: "
                                                      "the round's)")
     ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS),
-                    help="1: the first run's variants; 2: persistent, beside round 1's best, N 4096-16384")
+                    help="1: the first run's variants; 2: persistent, beside round 1's best, N 4096-16384; "
+                         "3: two CTAs an SM at D=64, N 4096-8192")
     args = ap.parse_args()
     names = args.variants.split(",") if args.variants else ROUNDS[args.round]
     if args.aot_check:
@@ -357,7 +375,8 @@ def main():
 
     @REC.part("2 forward timing")
     def part2():
-        return timing(args.budget_s, timed, (4096, 8192, 16384) if args.round == 2 else (4096, 16384))
+        lengths = {2: (4096, 8192, 16384), 3: (4096, 8192)}.get(args.round, (4096, 16384))
+        return timing(args.budget_s, timed, lengths)
     if timed:
         part2()
     REC.save()
