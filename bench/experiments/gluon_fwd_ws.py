@@ -313,15 +313,17 @@ def report(variant: str, d: int, causal: bool) -> dict:
 
 def aot_check(names, quick=False, masks=None) -> int:
     """Compile ``names`` for sm_90a (D 64 and 128, causal and not; ``quick``: D=64 causal alone, or D=64 with
-    ``masks``, a subset of ("causal", "full")) and print ``report``'s figures, the last line all of them as JSON."""
+    ``masks``, a subset of ("causal", "full"); a name written "NAME@causal" or "NAME@full" under that mask alone) and
+    print ``report``'s figures, the last line all of them as JSON."""
     failures = 0
     rows = {}
     for name in names:
+        name, _, own_mask = name.partition("@")
         for d in ((64,) if quick else (64, 128)):
             if not fits(name, d):
                 continue
-            if masks:
-                causals = tuple(m == "causal" for m in masks)
+            if own_mask or masks:
+                causals = tuple(m == "causal" for m in ([own_mask] if own_mask else masks))
             else:
                 causals = (True,) if quick else (True, False)
             for causal in causals:
