@@ -1,0 +1,383 @@
+"""Experiment: step 06's Gluon dK/dV kernel computing dQ too (five products, dQ added by fp32 atomics): does removing
+the dQ kernel's recomputation of S and dP pay?
+
+Question. ncu puts the whole of step 06's backward gap to cuDNN in the tensor work (results/h200/triton/ncu/ at the
+CS336 leaderboard shape, ncu_c4k/ at N=4096 causal): step 06 gives the tensor pipe 1.40-1.41x cuDNN's work, its two
+kernels keeping it busier than cuDNN's one does. The extra work is the dQ kernel recomputing S and dP (seven
+products against cuDNN's five, which adds dQ from its one kernel into an fp32 buffer and converts it after). Issue
+17's forward + backward target (>= 0.90x cuDNN) is met only at D=64 without a mask from N=8192. This asks whether
+the same in Gluon -- step 06's Gluon dK/dV kernel with a fifth product, dQ_i^T = K^T dS_i^T, added to an fp32
+buffer -- beats step 06's two kernels at D=64.
+
+Method. ``_gluon_dkdv_dq`` is the solution's ``_gluon_dkdv`` (solutions/gluon_dkdv.py, same order and waits) with,
+per query tile i: dS^T_i stored to shared memory (bf16, a (BLOCK_N, BLOCK_M) tile) and fenced; dQ_i^T (D x BLOCK_M)
+= K^T dS^T_i issued after dK's product (K^T: the K tile already in shared memory, read transposed; wgmma's M is D, as
+BLOCK_M = 32 is under its 64 rows); all waited for in the iteration; dQ_i^T added to the fp32 buffer by
+``gl.atomic_add`` (relaxed, one red.global.add.f32 an element: Gluon 3.6 has no TMA reduce on Hopper, which step 06's
+``atomic_tma`` mode uses in Triton). After the kernel: dQ = scale x buffer, cast (step 06's atomic modes do the
+same). D = rowsum(dO * O) by PyTorch (three small kernels, against step 06's one: charged to this side).
+(1) dQ, dK, dV against the float64 reference beside step 06's errors (bf16, causal and not, N 1024; fp16 once).
+(2) the backward alone (D, the kernel, dQ's scale and cast), do_bench median, against step 06's ``backward`` as it
+ships (its Delta kernel, the Gluon dK/dV kernel, the Triton dQ kernel) and cuDNN's backward, in the same run: D=64,
+bf16, causal and not, FlashAttention's grid at N 4096, 8192, 16384 (B = 16384/N, H = 32) and the leaderboard shape.
+
+    python bench/experiments/gluon_dkdv_dq.py --out DIR     # an H200: about 2 minutes
+    python bench/experiments/gluon_dkdv_dq.py --aot-check   # no GPU: compile for sm_90a, registers, spills, waits
+(not under TRITON_INTERPRET=1: Gluon has no interpreter)
+
+Answer: not run on a GPU yet (written 2026-12-03 after the session's device time was spent). Compiled for sm_90a
+without a GPU (``--aot-check``, ptxas 13.0): 16 wgmma a loop iteration in the PTX (S^T 4, dP^T 4, dV 2, dK 2, dQ^T 4),
+16 red.global.add.f32 a thread (64 x 32 / 128), two ``wgmma.wait_group 1`` and one ``0`` as in the solution's
+kernel; uncapped 144-147 registers, no spill, not serialized (three programs an SM, where the solution's runs four);
+capped at 128, 52-84 B spilled and, causal, every wgmma serialized. The atomics are scalar (a thread's two adjacent
+columns of dQ^T are 64 floats apart in dQ): a layout conversion to rows of dQ before them would let them be wider.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from bench.experiments import gpu_run  # noqa: E402
+from solutions.gluon_dkdv import descriptors  # noqa: E402
+
+REC = gpu_run.Record("gluon_dkdv_dq")
+T0 = time.time()
+LOG2E = 1.4426950408889634
+# name -> (BLOCK_N keys a program, BLOCK_M queries a step, STAGES, num_warps, maxnreg): the solution's D=64 tiles
+# uncapped (the fifth product's accumulator is 16 more registers a thread: 144-147, three programs an SM) on three
+# and two stages. Capped at 128 as the solution is (four programs an SM), ptxas spills 76-80 B and, causal,
+# serializes the wgmmas (--aot-check): "dq 64x32 s3 w4 r128" is kept for --variants, not run by default.
+VARIANTS = {"dq 64x32 s3 w4": (64, 32, 3, 4, None), "dq 64x32 s2 w4": (64, 32, 2, 4, None),
+            "dq 64x32 s3 w4 r128": (64, 32, 3, 4, 128)}
+DEFAULT = ["dq 64x32 s3 w4", "dq 64x32 s2 w4"]
+
+
+def log(msg):
+    REC.log(f"[{time.time() - T0:6.1f}s] {msg}")
+
+
+@gluon.jit
+def _gluon_dkdv_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, DQ, N, sm_scale, qk_scale,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   IS_CAUSAL: gl.constexpr, DS_LAYOUT: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(0)
+    pid = gl.program_id(1)
+    start_n = pid * BLOCK_N
+    row0 = bh * N
+
+    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])        # S^T, dP^T: (BN, BM)
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])       # dK, dV: (BN, D)
+    # dQ^T: (D, BM), the same instruction shape as S^T (N = BLOCK_M)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
+    row_t: gl.constexpr = gl.SliceLayout(1, t_layout)
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_LAYOUT)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+
+    if IS_CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+    n_tiles = (N - lo) // BLOCK_M
+    qdo_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0 + start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [row0 + start_n, 0], kv_bar, v_smem)
+    for s in gl.static_range(STAGES):
+        go = s < n_tiles
+        mbarrier.expect(ready.index(s), qdo_bytes, pred=go)
+        tma.async_copy_global_to_shared(q_desc, [row0 + lo + s * BLOCK_M, 0], ready.index(s), q_smem.index(s), pred=go)
+        tma.async_copy_global_to_shared(do_desc, [row0 + lo + s * BLOCK_M, 0], ready.index(s), do_smem.index(s), pred=go)
+
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=row_t)
+    zero_t = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=t_layout)
+    zero_q = gl.zeros([HEAD_DIM, BLOCK_M], gl.float32, layout=t_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=g_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=g_layout)
+    offs_d = gl.arange(0, HEAD_DIM, layout=row_t)
+    mbarrier.wait(kv_bar, phase=0)
+
+    for i in range(n_tiles):
+        buf = i % STAGES
+        start_m = lo + i * BLOCK_M
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_t)
+        lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
+        delta = gl.load(DELTA + row0 + offs_m)
+        mbarrier.wait(ready.index(buf), phase=(i // STAGES) & 1)
+        st = warpgroup_mma(k_smem, q_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_smem, do_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if IS_CAUSAL:
+            if start_m < start_n + BLOCK_N:
+                pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
+        dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
+        dst = (pt * (dpt - delta[None, :])).to(dtype)
+        # dS^T to shared memory for dQ^T's B operand (every warp's rows visible to the warpgroup's product)
+        ds_smem.store(dst)
+        fence_async_shared()
+        gl.thread_barrier()
+        dst_op = gl.convert_layout(dst, a_layout)
+        dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
+        dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, zero_q, use_acc=False, is_async=True)
+        dk, dv, dqt, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dqt, pt_op, dst_op))
+        # dQ_i^T (D, BM) into the fp32 buffer (B*H*N, D): element (d, m) at row row0 + start_m + m, column d
+        gl.atomic_add(DQ + (row0 + offs_m)[None, :].to(gl.int64) * HEAD_DIM + offs_d[:, None], dqt, sem="relaxed")
+        # Tile i's buffers (Q, dO, dS^T) are read by nothing in flight now, in any warp: refill Q and dO.
+        gl.thread_barrier()
+        nxt = i + STAGES
+        go = nxt < n_tiles
+        mbarrier.expect(ready.index(buf), qdo_bytes, pred=go)
+        tma.async_copy_global_to_shared(q_desc, [row0 + lo + nxt * BLOCK_M, 0], ready.index(buf),
+                                        q_smem.index(buf), pred=go)
+        tma.async_copy_global_to_shared(do_desc, [row0 + lo + nxt * BLOCK_M, 0], ready.index(buf),
+                                        do_smem.index(buf), pred=go)
+    mbarrier.invalidate(kv_bar)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+
+    rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
+    gl.store(DK + off, (dk * sm_scale).to(dtype))
+    gl.store(DV + off, dv.to(dtype))
+
+
+# %% Host -----------------------------------------------------------------------------------------------------
+
+def check_inputs(q, k, v, do):
+    if not (q.dim() == 4 and q.shape == k.shape == v.shape == do.shape):
+        raise ValueError(f"gluon_dkdv_dq takes q, k, v, dO of one shape (B, H, N, D), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(do.shape)}")
+    if q.dtype not in (torch.float16, torch.bfloat16) or len({t.dtype for t in (q, k, v, do)}) != 1:
+        raise ValueError("gluon_dkdv_dq takes 16-bit q, k, v, dO of one dtype")
+    B, H, N, D = q.shape
+    if D != 64 or N % 128:
+        raise ValueError(f"gluon_dkdv_dq takes D=64 and N a multiple of 128 (an experiment's limits), got D={D}, N={N}")
+    if not all(t.is_contiguous() for t in (q, k, v, do)):
+        raise ValueError("gluon_dkdv_dq takes contiguous (B, H, N, D) q, k, v, dO")
+
+
+def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_acc=None):
+    """(grid, args, kwargs, dk, dv, dq_acc) of one launch; tensors may be on the CPU (the compile report)."""
+    B, H, N, D = q.shape
+    bn, bm, stages, warps, maxnreg = VARIANTS[variant]
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    descs = descriptors(q, k, v, do, bm, bn)
+    dk = torch.empty_like(q) if dk is None else dk
+    dv = torch.empty_like(q) if dv is None else dv
+    dq_acc = torch.zeros(B * H * N, D, device=q.device, dtype=torch.float32) if dq_acc is None else dq_acc
+    scale = D ** -0.5
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal),
+                  DS_LAYOUT=gl.NVMMASharedLayout.get_default_for([bn, bm], gdt), num_warps=warps)
+    if maxnreg:
+        kwargs["maxnreg"] = maxnreg
+    args = (*descs, lse, delta, dk, dv, dq_acc, N, scale, scale * LOG2E)
+    return (B * H, N // bn), args, kwargs, dk, dv, dq_acc
+
+
+def backward(q, k, v, o, lse, do, causal, variant):
+    """(dQ, dK, dV) of one backward: D by PyTorch, the kernel, dQ scaled and cast. ``lse``: (B, H, N) natural-log
+    float32 (step 05's)."""
+    check_inputs(q, k, v, do)
+    delta = (do.float() * o.float()).sum(-1).contiguous()
+    grid, args, kwargs, dk, dv, dq_acc = launch_args(q, k, v, do, lse.contiguous(), delta, causal, variant)
+    _gluon_dkdv_dq[grid](*args, **kwargs)
+    dq = torch.mul(dq_acc.view(q.shape), q.shape[-1] ** -0.5).to(q.dtype)
+    return dq, dk, dv
+
+
+# %% Without a GPU: the sm_90a compile ------------------------------------------------------------------------
+
+def compile_sm90(variant: str, causal: bool):
+    from gluon_fwd_overlap import compile_for_sm90
+    q = torch.empty(1, 2, 1024, 64, dtype=torch.bfloat16)
+    lse = torch.empty(1, 2, 1024, dtype=torch.float32)
+    grid, args, kwargs, *_ = launch_args(q, q, q, q, lse, lse, causal, variant)
+    return compile_for_sm90(_gluon_dkdv_dq, args, kwargs)
+
+
+def report(variant: str, causal: bool) -> dict:
+    """Registers and spills (ptxas for sm_90a), whether ptxas serialized the wgmmas, the PTX's wgmma waits, its
+    atomics and shared memory."""
+    from gluon_fwd_overlap import wgmma_waits
+    ck = compile_sm90(variant, causal)
+    ptx = ck.asm["ptx"]
+    ptxas = gpu_run.triton_tool("ptxas")
+    if ptxas is None:
+        raise RuntimeError("Triton found no ptxas (knobs.nvidia.ptxas)")
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "k.ptx"
+        p.write_text(ptx)
+        r = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(p), "-o", str(p) + ".o"],
+                           capture_output=True, text=True)
+    mr = re.search(r"Used (\d+) registers", r.stderr)
+    ms_ = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    if r.returncode != 0 or mr is None:
+        raise RuntimeError(f"ptxas -v ({ptxas}) gave no register count (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    return {"regs": int(mr.group(1)), "spill": [int(ms_.group(1)), int(ms_.group(2))] if ms_ else None,
+            "serialized": "serialized" in r.stderr, "waits": wgmma_waits(ptx),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+            "red_f32": len(re.findall(r"\bred\.[\w.]*add\.f32|atom\.[\w.]*add\.f32", ptx)),
+            "smem_kb": ck.metadata.shared // 1024}
+
+
+def aot_check(names) -> int:
+    rows, failures = {}, 0
+    for name in names:
+        for causal in (True, False):
+            key = f"{name} {'causal' if causal else 'full'}"
+            try:
+                rows[key] = report(name, causal)
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                rows[key] = f"FAIL {type(e).__name__}: {str(e)[:1500]}"
+            print(f"{key:<28} {rows[key]}", flush=True)
+    print(json.dumps(rows))
+    return 1 if failures else 0
+
+
+# %% On a GPU -------------------------------------------------------------------------------------------------
+
+def step06_backward(q, k, v, do, causal):
+    """Step 06's forward (O, LSE) and its shipped backward's closure and gradients."""
+    from attnlib.loader import load_step
+    s5, s6 = load_step(5, "solutions"), load_step(6, "solutions")
+    sc = q.shape[-1] ** -0.5
+    o, lse = s5.forward(q, k, v, causal, sc)
+    fn = lambda: s6.backward(q, k, v, o, lse, do, causal, sc)   # noqa: E731
+    return o, lse, fn
+
+
+def correctness(names) -> dict:
+    from attnlib.reference import reference_backward
+    rows, wrong = [], 0
+    cases = [((2, 4, 1024, 64), c, torch.bfloat16) for c in (True, False)] + [((1, 2, 1024, 64), True, torch.float16)]
+    for (b, h, n, d), causal, dt in cases:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v, do = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(4))
+        ref = reference_backward(q, k, v, do, causal)
+        o, lse, s6 = step06_backward(q, k, v, do, causal)
+        base = [float((x.double() - r).abs().max()) for x, r in zip(s6(), ref)]
+        case = f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'} {str(dt)[6:]}"
+        for name in names:
+            try:
+                got = backward(q, k, v, o, lse, do, causal, name)
+                again = backward(q, k, v, o, lse, do, causal, name)
+                torch.cuda.synchronize()
+                e = [float((x.double() - r).abs().max()) for x, r in zip(got, ref)]
+                ok = all(x <= 1.5 * y + 1e-3 and math.isfinite(x) for x, y in zip(e, base))
+                # fp32 atomics add in any order: dQ may differ in its last bits between runs, dK and dV may not
+                steady = all(torch.equal(a, b) for a, b in zip(got[1:], again[1:]))
+            except Exception as ex:  # noqa: BLE001
+                e, ok, steady = f"{type(ex).__name__}: {str(ex)[:300]}", False, False
+            wrong += not (ok and steady)
+            rows.append({"case": case, "variant": name, "err": e, "step06": base, "ok": ok, "dkdv_repeatable": steady})
+            log(f"  {case:<30} {name:<22} "
+                + (e if isinstance(e, str) else "dQ {:.1e} dK {:.1e} dV {:.1e}".format(*e))
+                + "  (step 06 dQ {:.1e} dK {:.1e} dV {:.1e}) ".format(*base)
+                + ("ok" if ok and steady else "WRONG"))
+    return {"rows": rows, "wrong": wrong}
+
+
+def timing(names, budget_s: float) -> dict:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    shapes = [("leaderboard", 1, 16, 16384, True)] + [("grid", 16384 // n, 32, n, c)
+                                                      for c in (True, False) for n in (4096, 8192, 16384)]
+    out = []
+    for label, b, h, n, causal in shapes:
+        if time.time() - T0 > budget_s:
+            log(f"  budget reached: {label} N{n} and after not timed")
+            break
+        q, k, v, do = (torch.randn(b, h, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        o, lse, s6 = step06_backward(q, k, v, do, causal)
+        bench = lambda fn: round(float(triton.testing.do_bench(fn, warmup=25, rep=200)), 4)   # noqa: E731
+        ms = {"step06": bench(s6)}
+        for name in names:
+            ms[name] = bench(lambda: backward(q, k, v, o, lse, do, causal, name))
+        ms["step06 again"] = bench(s6)
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        ms["cudnn"] = bench(lambda: torch.autograd.grad(og, (qg, kg, vg), do, retain_graph=True))
+        s06 = min(ms["step06"], ms["step06 again"])
+        row = {"shape": f"{label} B{b} H{h} N{n} D64 {'causal' if causal else 'full'}", "ms": ms,
+               "vs_step06": {x: round(s06 / t, 3) for x, t in ms.items() if x in names},
+               "vs_cudnn": {x: round(ms["cudnn"] / t, 3) for x, t in ms.items() if x != "cudnn"}}
+        out.append(row)
+        REC.result.setdefault("timing_rows", []).append(row)
+        REC.save()
+        log(f"  {row['shape']:<34} " + "  ".join(f"{x} {t:.3f}" for x, t in ms.items()))
+        log(f"  {'':34} vs step 06: " + "  ".join(f"{x} {r:.2f}" for x, r in row["vs_step06"].items())
+            + "   vs cuDNN: " + "  ".join(f"{x} {r:.2f}" for x, r in row["vs_cudnn"].items()))
+    return {"rows": out}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
+    ap.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--budget-s", type=float, default=150)
+    args = ap.parse_args()
+    names = args.variants.split(",") if args.variants else DEFAULT
+    if unknown := [x for x in names if x not in VARIANTS]:
+        ap.error(f"--variants: unknown {unknown}")
+    if args.aot_check:
+        return aot_check(names)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        ap.error("a Hopper GPU (or --aot-check)")
+    if args.out is None:
+        ap.error("--out DIR on a GPU")
+    # Step 06 as it ships on Hopper (its Gluon dK/dV kernel), which gpu_run.Record would turn off by default.
+    os.environ["ATTN_GLUON_DKDV"] = os.environ["ATTN_GLUON_FWD"] = "1"
+    REC.open(args.out, ROOT)
+    REC.result["gpu"] = torch.cuda.get_device_name()
+    REC.part("1 correctness")(lambda: correctness(names))()
+    rows = REC.result["parts"]["1 correctness"].get("rows", [])
+    right = [n for n in names if rows and all(r["ok"] and r["dkdv_repeatable"] for r in rows if r["variant"] == n)]
+    log(f"timing the variants right in every case: {right or 'none'}")
+    if right:
+        REC.part("2 timing")(lambda: timing(right, args.budget_s))()
+    log(f"wrote {REC.json_path}")
+    return 0 if right else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
