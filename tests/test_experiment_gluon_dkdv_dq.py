@@ -22,17 +22,22 @@ pytestmark = [pytest.mark.step06]
 @functools.cache
 def _reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(SCRIPT), "--aot-check", "--variants", "dq 64x32 s3 w4"],
+    r = subprocess.run([sys.executable, str(SCRIPT), "--aot-check", "--variants",
+                        "dq 64x32 s3 w4@causal,dq 64x32 s3 w4 vec@causal,dq 64x32 s3 w4 vec@full"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mask", ["causal", "full"])
-def test_five_products_a_tile_and_dq_added_by_atomics(mask):
-    rep = _reports()[f"dq 64x32 s3 w4 {mask}"]
+@pytest.mark.parametrize("key", ["dq 64x32 s3 w4 causal", "dq 64x32 s3 w4 vec causal", "dq 64x32 s3 w4 vec full"])
+def test_five_products_a_tile_and_dq_added_by_atomics(key):
+    rep = _reports()[key]
     assert rep["wgmma"] == 16, f"{rep['wgmma']} wgmma in the PTX: S^T 4, dP^T 4, dV 2, dK 2 and dQ^T 4 (k-steps of 16)"
-    assert rep["red_f32"] == 16, f"{rep['red_f32']} fp32 atomic adds: a 64 x 32 dQ^T tile over 128 threads is 16"
+    if " vec" in key:
+        assert (rep["atomics_v4_f32"], rep["atomics_f32"]) == (4, 0), (
+            f"{rep}: a 64 x 32 dQ^T tile over 128 threads is 16 floats a thread, four 16-byte adds")
+    else:
+        assert rep["atomics_f32"] == 16, f"{rep['atomics_f32']} fp32 atomic adds: 64 x 32 / 128 threads is 16"
     assert rep["waits"] == {"1": 2, "0": 1}, f"waits {rep['waits']}: the solution's kernel waits twice with one " \
                                              "product left in flight, and once for all"
     assert not rep["serialized"], "ptxas serialized the wgmmas"
