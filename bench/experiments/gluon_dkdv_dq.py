@@ -42,9 +42,7 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -247,25 +245,15 @@ def compile_sm90(variant: str, causal: bool):
 
 
 def report(variant: str, causal: bool) -> dict:
-    """Registers and spills (ptxas for sm_90a), whether ptxas serialized the wgmmas, the PTX's wgmma waits, its
-    atomics and shared memory."""
+    """Registers, spills and whether ptxas serialized the wgmmas (gluon_dkdv_overlap's ``ptxas_report``, sm_90a), the
+    PTX's wgmma waits, its wgmma and fp32 atomic instructions, shared memory."""
+    from gluon_dkdv_overlap import ptxas_report
     from gluon_fwd_overlap import wgmma_waits
     ck = compile_sm90(variant, causal)
     ptx = ck.asm["ptx"]
-    ptxas = gpu_run.triton_tool("ptxas")
-    if ptxas is None:
-        raise RuntimeError("Triton found no ptxas (knobs.nvidia.ptxas)")
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "k.ptx"
-        p.write_text(ptx)
-        r = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(p), "-o", str(p) + ".o"],
-                           capture_output=True, text=True)
-    mr = re.search(r"Used (\d+) registers", r.stderr)
-    ms_ = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    if r.returncode != 0 or mr is None:
-        raise RuntimeError(f"ptxas -v ({ptxas}) gave no register count (exit {r.returncode}):\n{r.stderr[-3000:]}")
-    return {"regs": int(mr.group(1)), "spill": [int(ms_.group(1)), int(ms_.group(2))] if ms_ else None,
-            "serialized": "serialized" in r.stderr, "waits": wgmma_waits(ptx),
+    r = ptxas_report(ptx)
+    return {"regs": r["regs"], "spill": [int(x) for x in r["spills"].split("/")] if r["spills"] else None,
+            "serialized": r["serialized"], "waits": wgmma_waits(ptx),
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
             "atomics_f32": len(re.findall(r"\b(?:red|atom)\.[\w.]*add\.f32", ptx)),
             "atomics_v4_f32": len(re.findall(r"\b(?:red|atom)\.[\w.]*add\.v4\.f32", ptx)),
