@@ -25,14 +25,26 @@ bf16, causal and not, FlashAttention's grid at N 4096, 8192, 16384 (B = 16384/N,
     python bench/experiments/gluon_dkdv_dq.py --aot-check   # no GPU: compile for sm_90a, registers, spills, waits
 (not under TRITON_INTERPRET=1: Gluon has no interpreter)
 
-Answer: not run on a GPU yet (written 2026-12-03 after the session's device time was spent). Compiled for sm_90a
-without a GPU (``--aot-check``, ptxas 13.0): 16 wgmma a loop iteration in the PTX (S^T 4, dP^T 4, dV 2, dK 2, dQ^T 4),
-16 fp32 atomic adds a thread (64 x 32 / 128), two ``wgmma.wait_group 1`` and one ``0`` as in the solution's
-kernel; uncapped 144-147 registers, no spill, not serialized (three programs an SM, where the solution's runs four);
-capped at 128, 52-84 B spilled and, causal, every wgmma serialized. In the wgmma layout a thread's two adjacent
-columns of dQ^T are 64 floats apart in dQ, so the adds are scalar; "vec" converts dQ^T first to a layout holding four
-consecutive d of one query a thread (through shared memory, 52 KB in all): 4 ``atom.global.add.v4.f32`` a thread
-instead of 16, 136-142 registers, no spill.
+Answer: **no: it loses everywhere, 0.66-0.85x step 06's backward.** One H200, 2026-12-03 13:50 UTC (4a90375;
+results/h200/triton/gluon_dkdv_dq_1203/): dQ, dK, dV right in every case, equal to step 06's errors to the digit.
+Backward alone, ms (step 06 / best variant / cuDNN): leaderboard 3.645 / 4.742 / 3.187; D=64 causal N 4096, 8192,
+16384: 2.136 / 3.132, 3.949 / 4.906 ("vec"), 7.536 / 8.839 ("vec") against cuDNN 1.833, 3.407, 6.353; not causal:
+3.789 / 5.565, 7.312 / 9.086 ("vec"), 14.300 / 17.039 ("vec") against 3.178, 6.253, 12.224. "vec" (4-float
+atomics) is the best from N=8192 (0.81-0.85x step 06), the scalar adds at N=4096 (0.68x); two stages never win.
+Not profiled. What the numbers allow: the fifth product adds 25% to the kernel's tensor work and removes the dQ
+kernel (37-44% of step 06's backward under ncu, results/h200/triton/ncu_c4k/), so the loss is elsewhere; the adds are the likely part: with 64-key tiles every
+(query tile, key tile) pair adds a whole BLOCK_M x D tile of fp32 to L2 (one add per 10 x BLOCK_N flops; 2.1e9
+adds at the leaderboard shape), where FlashAttention-3 adds one 128-key tile's dQ by one TMA reduce from shared
+memory. Triton's ``atomic_tma`` mode (step 06) has that reduce, and lost to two kernels too (results/h200/triton/
+gluon_d128_1202/). Step 06 keeps its two kernels.
+
+Compiled for sm_90a beforehand (``--aot-check``, ptxas 13.0): 16 wgmma a loop iteration in the PTX (S^T 4, dP^T 4,
+dV 2, dK 2, dQ^T 4), 16 fp32 atomic adds a thread (64 x 32 / 128), two ``wgmma.wait_group 1`` and one ``0`` as in
+the solution's kernel; uncapped 144-147 registers, no spill, not serialized (three programs an SM, where the
+solution's runs four); capped at 128, 52-84 B spilled and, causal, every wgmma serialized. In the wgmma layout a
+thread's two adjacent columns of dQ^T are 64 floats apart in dQ, so the adds are scalar; "vec" converts dQ^T first
+to a layout holding four consecutive d of one query a thread (through shared memory, 52 KB in all): 4
+``atom.global.add.v4.f32`` a thread instead of 16, 136-142 registers, no spill.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ step 05's solution takes the kernel from N=8192 (MIN_LEN) under a causal mask; w
 round 1's). And at D=64 without a causal mask step 05 runs the persistent kernel since 12-03 ("pers 3wg n128 s3",
 ``PERSISTENT_TILES`` in solutions/gluon_fwd.py, where the kernel now lives; this file imports it).
 
-Round 3 (``--round 3``; prepared 2026-12-03, not yet run on a GPU): causal attention at N=4096 is the forward's
+Round 3 (``--round 3``; run 2026-12-03 13:52 UTC on one H200, 4a90375, results/h200/triton/gluon_fwd_ws_1203_round3/): causal attention at N=4096 is the forward's
 largest gap left (0.86x cuDNN at D=64 in results/h200/grid_1203c/), and ncu there (results/h200/triton/ncu_c4k/)
 finds step 05 issue-bound on its own loads, which a TMA producer would take off the consumers, while round 1's kernel
 loses at that length to its per-CTA cost (one CTA an SM: nothing overlaps a CTA's Q load, ring fill and epilogue)
@@ -65,6 +65,11 @@ beside the other's loop; D=64, N 4096 and 8192, causal and not, against round 1'
 step 05 and cuDNN. ``--aot-check --quick --masks causal,full --variants "ws 2wg n64 s2 r80"`` (ptxas 13.0, no GPU):
 80 registers, 48 B spilled (96 consumers: 144 B), setmaxnreg 24 and 104, each consumer's P V left in flight under
 its softmax (one ``wgmma.wait_group 1`` each).
+Answer: **no.** Every variant right. D=64 causal N=4096: "ws 2wg n64 s2 r80" 0.854 ms, 0.78x cuDNN (0.665), against
+step 05's Triton kernel 0.803-0.807 (0.82-0.83x), round 1's "ws 2wg n128 s3" 0.803 (0.83x), the persistent kernel
+0.831; it is the slowest Gluon variant at every shape of the round (0.85-0.95x cuDNN elsewhere). Two CTAs an SM do
+not hide the per-CTA cost at this length; the causal N=4096 forward stays step 05's Triton kernel (0.82-0.83x
+cuDNN in this run, D=128 0.84-0.89x).
 """
 
 from __future__ import annotations
