@@ -1,0 +1,420 @@
+"""Experiment: step 06's dQ kernel in Gluon (TMA ring of K/V tiles, asynchronous wgmma): does it beat the Triton dQ
+kernel, the part of step 06's backward that ncu finds furthest from the tensor pipe at D=128?
+
+Question. Step 06's backward on Hopper is three kernels: Delta, the Gluon dK/dV kernel (solutions/gluon_dkdv.py),
+and the Triton dQ kernel, which recomputes S and dP (three products a pair of tiles). ncu at N=4096 causal
+(results/h200/triton/ncu_c4k/) puts the dQ kernel at 37-44% of the backward, its tensor pipe busy 65.8% of cycles at
+D=64 and 57.7% at D=128 (Triton 3.6 waits for each ``tl.dot`` right after issuing it; the Gluon dK/dV kernel, at
+64.1%, does not). Issue 17's forward + backward target (>= 0.90x cuDNN) is missed by most at D=128 (0.76-0.84x in
+results/h200/grid_1203b/). Putting dQ into the dK/dV kernel lost (results/h200/triton/gluon_dkdv_dq_1203/); this
+asks the other way: the same dQ kernel written in Gluon, with S and dP issued together and the exponentials run
+while dP is on the tensor cores, every operand staged by TMA.
+
+Method. ``_gluon_dq``: one program per (query tile of BLOCK_M rows, head), the heaviest causal tiles first (as step
+06's dQ kernel orders them); Q and dO loaded once by TMA; K and V tiles of BLOCK_N keys through a STAGES-deep TMA
+ring. Per key tile j:
+
+    issue  S = Q K_j^T  and  dP = dO V_j^T
+    wait (1 left)  -> P = exp2(S * scale*log2e - LSE*log2e)   (masked on the diagonal tiles)  while dP runs
+    wait (0 left)  -> dS = P (dP - D)
+    issue  dQ += dS K_j  (dS from registers) ;  wait (0 left) ; refill buffer j with tile j + STAGES
+
+Every product is waited for in its iteration (gluon_dkdv's comment says why: a product in flight across the back
+edge made ptxas serialize every wgmma). After the loop dQ x scale is cast and stored.
+(1) dQ against the float64 reference beside step 06's dQ error (bf16, D 64 and 128, causal and not, N 1024; fp16
+once); twice, bitwise equal (no atomics: it must be deterministic).
+(2) do_bench median in one run: the dQ kernel alone, step 06's Triton dQ kernel (its table's tiles, launched as
+``backward`` launches it) against each variant; and the whole backward as step 06 ships it against the same
+backward with the Gluon dQ kernel in place of the Triton one (Delta and dK/dV launched as step 06 launches them),
+beside cuDNN's backward: bf16, FlashAttention's grid (B = 16384/N, H = 2048/D) at N 4096, 8192, 16384, D 64 and 128,
+causal and not, and the leaderboard shape.
+
+    python bench/experiments/gluon_dq.py --out DIR      # an H200: about 3 minutes
+    python bench/experiments/gluon_dq.py --aot-check    # no GPU: compile for sm_90a, registers, spills, waits
+(not under TRITON_INTERPRET=1: Gluon has no interpreter)
+
+Answer: not run on a GPU yet (written 2026-12-03).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "experiments"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from bench.experiments import gpu_run  # noqa: E402
+from solutions.gluon_dkdv import descriptors  # noqa: E402
+
+REC = gpu_run.Record("gluon_dq")
+T0 = time.time()
+LOG2E = 1.4426950408889634
+# name -> (D, BLOCK_M queries a program, BLOCK_N keys a step, STAGES, num_warps, maxnreg). Step 06's Triton dQ
+# tiles: 128x64 on 8 warps at D=64, 64x32 on 4 warps at D=128.
+VARIANTS = {
+    "d64 128x64 s3 w8": (64, 128, 64, 3, 8, None),
+    "d64 64x64 s3 w4": (64, 64, 64, 3, 4, None),
+    "d64 64x64 s2 w4": (64, 64, 64, 2, 4, None),
+    "d64 128x128 s2 w8": (64, 128, 128, 2, 8, None),
+    "d128 64x64 s2 w4": (128, 64, 64, 2, 4, None),
+    "d128 64x64 s3 w4": (128, 64, 64, 3, 4, None),
+    "d128 128x64 s2 w8": (128, 128, 64, 2, 8, None),
+    "d128 64x128 s2 w4": (128, 64, 128, 2, 4, None),
+}
+DEFAULT = list(VARIANTS)
+
+
+def log(msg):
+    REC.log(f"[{time.time() - T0:6.1f}s] {msg}")
+
+
+@gluon.jit
+def _gluon_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, N, sm_scale, qk_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(0)                       # grid (B*H, query tiles): every head's tile before the next tile
+    pid = gl.program_id(1)
+    if IS_CAUSAL:
+        pid = gl.num_programs(1) - 1 - pid      # the last query tile sees every key: the heaviest first
+    start_m = pid * BLOCK_M
+    row0 = bh * N
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])        # S, dP: (BM, BN)
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])       # dQ: (BM, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(qdo_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    # Key tiles [0, hi): causal, up to the last key <= the tile's last query.
+    if IS_CAUSAL:
+        hi = start_m + BLOCK_M
+    else:
+        hi = N
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+
+    mbarrier.expect(qdo_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], qdo_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], qdo_bar, do_smem)
+    for i in gl.static_range(STAGES):
+        go = i < n_tiles
+        mbarrier.expect(ready.index(i), kv_bytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [row0 + i * BLOCK_N, 0], ready.index(i), k_smem.index(i), pred=go)
+        tma.async_copy_global_to_shared(v_desc, [row0 + i * BLOCK_N, 0], ready.index(i), v_smem.index(i), pred=go)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+    lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
+    delta = gl.load(DELTA + row0 + offs_m)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=g_layout)
+    mbarrier.wait(qdo_bar, phase=0)
+
+    for j in range(n_tiles):
+        buf = j % STAGES
+        start_n = j * BLOCK_N
+        mbarrier.wait(ready.index(buf), phase=(j // STAGES) & 1)
+        st = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_smem, v_smem.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        # P = exp2(S * scale*log2e - LSE*log2e), while dP is on the tensor cores.
+        p = gl.exp2(st * qk_scale - lse2[:, None])
+        if IS_CAUSAL:
+            if start_n + BLOCK_N > start_m:
+                offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_s)
+                p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        ds = p * (dp - delta[:, None])
+        ds_op = gl.convert_layout(ds.to(dtype), a_layout)
+        dq = warpgroup_mma(ds_op, k_smem.index(buf), dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+        # Buffer j is read by nothing in flight now, in any warp: refill it with tile j + STAGES.
+        gl.thread_barrier()
+        nxt = j + STAGES
+        go = nxt < n_tiles
+        mbarrier.expect(ready.index(buf), kv_bytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], ready.index(buf), k_smem.index(buf),
+                                        pred=go)
+        tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], ready.index(buf), v_smem.index(buf),
+                                        pred=go)
+    mbarrier.invalidate(qdo_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, g_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
+    gl.store(DQ + off, (dq * sm_scale).to(dtype))
+
+
+# %% Host -----------------------------------------------------------------------------------------------------
+
+def check_inputs(q, k, v, do, variant):
+    if not (q.dim() == 4 and q.shape == k.shape == v.shape == do.shape):
+        raise ValueError(f"gluon_dq takes q, k, v, dO of one shape (B, H, N, D), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(do.shape)}")
+    if q.dtype not in (torch.float16, torch.bfloat16) or len({t.dtype for t in (q, k, v, do)}) != 1:
+        raise ValueError("gluon_dq takes 16-bit q, k, v, dO of one dtype")
+    B, H, N, D = q.shape
+    d, bm, bn = VARIANTS[variant][:3]
+    if D != d or N % max(bm, bn):
+        raise ValueError(f"gluon_dq variant {variant!r} takes D={d} and N a multiple of {max(bm, bn)}, "
+                         f"got D={D}, N={N}")
+    if not all(t.is_contiguous() for t in (q, k, v, do)):
+        raise ValueError("gluon_dq takes contiguous (B, H, N, D) q, k, v, dO")
+
+
+def launch_args(q, k, v, do, lse, delta, causal, variant, dq=None):
+    """(grid, args, kwargs, dq) of one launch; tensors may be on the CPU (the compile report). ``lse``: natural-log
+    float32, (B*H, N) or (B, H, N) contiguous; ``delta`` the same shape."""
+    B, H, N, D = q.shape
+    _, bm, bn, stages, warps, maxnreg = VARIANTS[variant]
+    descs = descriptors(q, k, v, do, bm, bn)
+    dq = torch.empty_like(q) if dq is None else dq
+    scale = D ** -0.5
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal), num_warps=warps)
+    if maxnreg:
+        kwargs["maxnreg"] = maxnreg
+    args = (*descs, lse, delta, dq, N, scale, scale * LOG2E)
+    return (B * H, N // bm), args, kwargs, dq
+
+
+def dq_gluon(q, k, v, do, lse, delta, causal, variant):
+    check_inputs(q, k, v, do, variant)
+    grid, args, kwargs, dq = launch_args(q, k, v, do, lse, delta, causal, variant)
+    _gluon_dq[grid](*args, **kwargs)
+    return dq
+
+
+# %% Without a GPU: the sm_90a compile ------------------------------------------------------------------------
+
+def compile_sm90(variant: str, causal: bool):
+    from gluon_fwd_overlap import compile_for_sm90
+    d = VARIANTS[variant][0]
+    q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
+    lse = torch.empty(2, 1024, dtype=torch.float32)
+    grid, args, kwargs, _ = launch_args(q, q, q, q, lse, lse, causal, variant)
+    return compile_for_sm90(_gluon_dq, args, kwargs)
+
+
+def report(variant: str, causal: bool) -> dict:
+    """Registers, spills and whether ptxas serialized the wgmmas (gluon_dkdv_overlap's ``ptxas_report``, sm_90a), the
+    PTX's wgmma waits and wgmma instructions, shared memory."""
+    from gluon_dkdv_overlap import ptxas_report
+    from gluon_fwd_overlap import wgmma_waits
+    ck = compile_sm90(variant, causal)
+    ptx = ck.asm["ptx"]
+    r = ptxas_report(ptx)
+    return {"regs": r["regs"], "spill": [int(x) for x in r["spills"].split("/")] if r["spills"] else None,
+            "serialized": r["serialized"], "waits": wgmma_waits(ptx),
+            "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "smem_kb": ck.metadata.shared // 1024}
+
+
+def aot_check(names) -> int:
+    rows, failures = {}, 0
+    for name in names:
+        name, _, own_mask = name.partition("@")      # "NAME@causal" / "NAME@full": that mask alone
+        for causal in ((own_mask == "causal",) if own_mask else (True, False)):
+            key = f"{name} {'causal' if causal else 'full'}"
+            try:
+                rows[key] = report(name, causal)
+            except Exception as e:  # noqa: BLE001
+                failures += 1
+                rows[key] = f"FAIL {type(e).__name__}: {str(e)[:1500]}"
+            print(f"{key:<28} {rows[key]}", flush=True)
+    print(json.dumps(rows))
+    return 1 if failures else 0
+
+
+# %% On a GPU -------------------------------------------------------------------------------------------------
+
+class Step06:
+    """Step 06's backward as it ships, and its three launches one by one (Delta, dK/dV, dQ), launched as
+    ``backward`` launches them, so that the Triton dQ kernel can be timed alone and replaced."""
+
+    def __init__(self, q, k, v, do, causal):
+        from attnlib.loader import load_step
+        from solutions import gluon_dkdv
+        self.s5, self.s6, self.gk = load_step(5, "solutions"), load_step(6, "solutions"), gluon_dkdv
+        self.q, self.k, self.v, self.do, self.causal = q, k, v, do, causal
+        B, H, N, D = q.shape
+        self.sc = D ** -0.5
+        self.o, lse = self.s5.forward(q, k, v, causal, self.sc)
+        self.lse = lse.reshape(B * H, N).contiguous()
+        self.delta = q.new_empty((B * H, N), dtype=torch.float32)
+        self.dk, self.dv, self.dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
+        self.cfg = self.s6.bwd_config(N, N, D, q.dtype, causal, "cuda", B * H)
+        if not self.gk.takes(q, k, v, do, causal):
+            raise RuntimeError(f"step 06's Gluon dK/dV kernel does not take this shape: "
+                               f"{self.gk.not_covered(q, k, v, do, 'separate', causal)}")
+
+    def shipped(self):
+        return self.s6.backward(self.q, self.k, self.v, self.o, self.lse, self.do, self.causal, self.sc)
+
+    def pre_dkdv(self):
+        s6, (B, H, N, D) = self.s6, self.q.shape
+        bm = self.cfg["pre"]["BLOCK_M"]
+        s6._bwd_preprocess[(triton.cdiv(N, bm), B * H)](
+            self.o, self.do, self.delta, *self.o.stride(), *self.do.stride(), H, N,
+            HEAD_DIM=D, BLOCK_M=bm, BLOCK_D=D)
+        self.gk.launch(self.q, self.k, self.v, self.do, self.lse, self.delta, self.dk, self.dv, self.causal, self.sc)
+
+    def dq_triton(self):
+        s6, (B, H, N, D) = self.s6, self.q.shape
+        c = {"EARLY_DP": False, "HEADS_FIRST": False, **self.cfg["dq"]}
+        kern = s6.configured(s6._bwd_dq_kernel, c)
+        kern[s6._grid(triton.cdiv(N, c["BLOCK_M"]), B * H, c["HEADS_FIRST"])](
+            self.q, self.k, self.v, self.do, self.lse, self.delta, self.dq,
+            *self.q.stride(), *self.k.stride(), *self.v.stride(), *self.do.stride(), *self.dq.stride(),
+            H, N, N, self.sc, self.sc * LOG2E,
+            HEAD_DIM=D, BLOCK_D=D, IS_CAUSAL=self.causal, DOT_PRECISION=s6._dot_precision(self.q.dtype),
+            **s6.tiles(c))
+        return self.dq
+
+    def dq_gluon(self, variant):
+        return dq_gluon(self.q, self.k, self.v, self.do, self.lse, self.delta, self.causal, variant)
+
+    def with_gluon_dq(self, variant):
+        self.pre_dkdv()
+        return self.dq_gluon(variant), self.dk, self.dv
+
+
+def correctness(names) -> dict:
+    from attnlib.reference import reference_backward
+    rows, wrong = [], 0
+    cases = [((2, 4, 1024, d), c, torch.bfloat16) for d in (64, 128) for c in (True, False)]
+    cases += [((1, 2, 1024, 64), True, torch.float16), ((1, 2, 1024, 128), True, torch.float16)]
+    for (b, h, n, d), causal, dt in cases:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v, do = (torch.randn(b, h, n, d, generator=g).to("cuda", dt) for _ in range(4))
+        ref = reference_backward(q, k, v, do, causal)
+        s6 = Step06(q, k, v, do, causal)
+        base = [float((x.double() - r).abs().max()) for x, r in zip(s6.shipped(), ref)]
+        s6.pre_dkdv()
+        tri = float((s6.dq_triton().double() - ref[0]).abs().max())
+        case = f"B{b} H{h} N{n} D{d} {'causal' if causal else 'full'} {str(dt)[6:]}"
+        for name in names:
+            if VARIANTS[name][0] != d:
+                continue
+            try:
+                got = s6.with_gluon_dq(name)
+                again = s6.dq_gluon(name).clone()
+                torch.cuda.synchronize()
+                e = [float((x.double() - r).abs().max()) for x, r in zip(got, ref)]
+                ok = e[0] <= 1.5 * base[0] + 1e-3 and all(math.isfinite(x) for x in e)
+                steady = torch.equal(got[0], again)
+            except Exception as ex:  # noqa: BLE001
+                e, ok, steady = f"{type(ex).__name__}: {str(ex)[:300]}", False, False
+            wrong += not (ok and steady)
+            rows.append({"case": case, "variant": name, "err": e, "step06": base, "triton_dq_alone": tri,
+                         "ok": ok, "repeatable": steady})
+            log(f"  {case:<30} {name:<20} "
+                + (e if isinstance(e, str) else "dQ {:.1e} dK {:.1e} dV {:.1e}".format(*e))
+                + f"  (step 06 dQ {base[0]:.1e}, its dQ kernel alone {tri:.1e}) "
+                + ("ok" if ok and steady else "WRONG"))
+    return {"rows": rows, "wrong": wrong}
+
+
+def timing(names, budget_s: float) -> dict:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    shapes = [("leaderboard", 1, 16, 16384, 64, True)] + [
+        ("grid", 16384 // n, 2048 // d, n, d, c) for d in (128, 64) for c in (True, False) for n in (4096, 8192, 16384)]
+    out = []
+    for label, b, h, n, d, causal in shapes:
+        if time.time() - T0 > budget_s:
+            log(f"  budget reached: {label} N{n} D{d} and after not timed")
+            break
+        mine = [x for x in names if VARIANTS[x][0] == d]
+        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        s6 = Step06(q, k, v, do, causal)
+        s6.pre_dkdv()
+        bench = lambda fn: round(float(triton.testing.do_bench(fn, warmup=25, rep=200)), 4)   # noqa: E731
+        alone = {"triton dq": bench(s6.dq_triton)}
+        for name in mine:
+            alone[name] = bench(lambda: s6.dq_gluon(name))
+        alone["triton dq again"] = bench(s6.dq_triton)
+        whole = {"step06": bench(s6.shipped)}
+        for name in mine:
+            whole[name] = bench(lambda: s6.with_gluon_dq(name))
+        whole["step06 again"] = bench(s6.shipped)
+        qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            og = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        whole["cudnn"] = bench(lambda: torch.autograd.grad(og, (qg, kg, vg), do, retain_graph=True))
+        t_dq = min(alone["triton dq"], alone["triton dq again"])
+        s06 = min(whole["step06"], whole["step06 again"])
+        row = {"shape": f"{label} B{b} H{h} N{n} D{d} {'causal' if causal else 'full'}", "dq_ms": alone,
+               "bwd_ms": whole,
+               "dq_vs_triton": {x: round(t_dq / alone[x], 3) for x in mine},
+               "bwd_vs_step06": {x: round(s06 / whole[x], 3) for x in mine},
+               "bwd_vs_cudnn": {x: round(whole["cudnn"] / t, 3) for x, t in whole.items() if x != "cudnn"}}
+        out.append(row)
+        REC.result.setdefault("timing_rows", []).append(row)
+        REC.save()
+        log(f"  {row['shape']:<34} dQ alone: " + "  ".join(f"{x} {t:.3f}" for x, t in alone.items()))
+        log(f"  {'':34} backward: " + "  ".join(f"{x} {t:.3f}" for x, t in whole.items()))
+        log(f"  {'':34} dQ vs Triton: " + "  ".join(f"{x} {r:.2f}" for x, r in row["dq_vs_triton"].items())
+            + "   backward vs cuDNN: " + "  ".join(f"{x} {r:.2f}" for x, r in row["bwd_vs_cudnn"].items()))
+    return {"rows": out}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
+    ap.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--budget-s", type=float, default=200)
+    args = ap.parse_args()
+    names = args.variants.split(",") if args.variants else DEFAULT
+    if unknown := [x for x in names if x.partition("@")[0] not in VARIANTS]:
+        ap.error(f"--variants: unknown {unknown}")
+    if args.aot_check:
+        return aot_check(names)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        ap.error("a Hopper GPU (or --aot-check)")
+    if args.out is None:
+        ap.error("--out DIR on a GPU")
+    # Step 06 as it ships on Hopper (its Gluon dK/dV kernel), which gpu_run.Record would turn off by default.
+    os.environ["ATTN_GLUON_DKDV"] = os.environ["ATTN_GLUON_FWD"] = "1"
+    REC.open(args.out, ROOT)
+    REC.result["gpu"] = torch.cuda.get_device_name()
+    REC.part("1 correctness")(lambda: correctness(names))()
+    rows = REC.result["parts"]["1 correctness"].get("rows", [])
+    right = [n for n in names if rows and all(r["ok"] and r["repeatable"] for r in rows if r["variant"] == n)]
+    log(f"timing the variants right in every case: {right or 'none'}")
+    if right:
+        REC.part("2 timing")(lambda: timing(right, args.budget_s))()
+    log(f"wrote {REC.json_path}")
+    return 0 if right else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
