@@ -26,6 +26,12 @@ multiple of 128 and, without a causal mask, at least ``FULL_MIN_LEN`` = 4096 (ro
 ``takes`` the inputs). Elsewhere, on other GPUs, and with
 ``ATTN_GLUON_DKDV=0`` in the environment, step 06 runs its Triton kernel.
 
+At D=128 step 06's dQ pass runs here too (``_gluon_dq``, the same recipe on the forward's loop: Q and dO loaded once,
+K and V tiles through a TMA ring; S and dP issued together, P = exp2(S - LSE) computed while dP is on the tensor
+cores, then dQ += dS K): 1.04-1.17x step 06's Triton dQ kernel there at N 4096-16384, causal and not; the whole
+backward 1.02-1.06x the better of two runs of step 06's, except at N=4096 without a mask (0.95x, where those two runs
+differ by 5%); at D=64 it ran 0.88-0.97x the Triton kernel, which keeps that head dim (bench/experiments/gluon_dq.py, results/h200/triton/gluon_dq_1203/).
+
 Your step 06 (``steps/``) does not call this file: its backward runs the Triton kernels you write, on every GPU.
 """
 
@@ -58,6 +64,13 @@ TILES = {64: (64, 32, 3, 4, 128), 128: (64, 64, 2, 4, None)}
 # less than what its launch and host side cost); causal it tied or won at every N (0.99-1.08x), so it has no floor.
 FULL_MIN_LEN = 4096
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
+# The dQ pass in Gluon (``_gluon_dq``), by head dim: (BLOCK_M queries a program, BLOCK_N keys a step, STAGES,
+# num_warps). D=128 only: there it ran 1.04-1.17x step 06's Triton dQ kernel at every length and mask measured (N
+# 4096-16384), at D=64 0.88-0.97x (bench/experiments/gluon_dq.py, results/h200/triton/gluon_dq_1203/). Measured from
+# N=4096 only, so it starts there, with or without a causal mask.
+DQ_TILES = {128: (64, 64, 2, 4)}
+DQ_MIN_LEN = 4096
+DQ_LAUNCHES = 0                   # how many times ``launch_dq_if_covered`` ran ``_gluon_dq``
 
 
 def enabled() -> bool:
@@ -213,6 +226,97 @@ def _gluon_dkdv(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, N, sm_scale
     gl.store(DV + off, dv.to(dtype))
 
 
+@gluon.jit
+def _gluon_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, N, sm_scale, qk_scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              IS_CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    bh = gl.program_id(0)                       # grid (B*H, query tiles): every head's tile before the next tile
+    pid = gl.program_id(1)
+    if IS_CAUSAL:
+        pid = gl.num_programs(1) - 1 - pid      # the last query tile sees every key: the heaviest first
+    start_m = pid * BLOCK_M
+    row0 = bh * N
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])        # S, dP: (BM, BN)
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])       # dQ: (BM, D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(qdo_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    # Key tiles [0, hi): causal, up to the last key <= the tile's last query.
+    if IS_CAUSAL:
+        hi = start_m + BLOCK_M
+    else:
+        hi = N
+    n_tiles = gl.cdiv(hi, BLOCK_N)
+    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
+
+    mbarrier.expect(qdo_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], qdo_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], qdo_bar, do_smem)
+    for i in gl.static_range(STAGES):
+        go = i < n_tiles
+        mbarrier.expect(ready.index(i), kv_bytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [row0 + i * BLOCK_N, 0], ready.index(i), k_smem.index(i), pred=go)
+        tma.async_copy_global_to_shared(v_desc, [row0 + i * BLOCK_N, 0], ready.index(i), v_smem.index(i), pred=go)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+    lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
+    delta = gl.load(DELTA + row0 + offs_m)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=g_layout)
+    mbarrier.wait(qdo_bar, phase=0)
+
+    for j in range(n_tiles):
+        buf = j % STAGES
+        start_n = j * BLOCK_N
+        mbarrier.wait(ready.index(buf), phase=(j // STAGES) & 1)
+        st = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_smem, v_smem.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        # P = exp2(S * scale*log2e - LSE*log2e), while dP is on the tensor cores.
+        p = gl.exp2(st * qk_scale - lse2[:, None])
+        if IS_CAUSAL:
+            if start_n + BLOCK_N > start_m:
+                offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_s)
+                p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
+        ds = p * (dp - delta[:, None])
+        ds_op = gl.convert_layout(ds.to(dtype), a_layout)
+        dq = warpgroup_mma(ds_op, k_smem.index(buf), dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+        # Buffer j is read by nothing in flight now, in any warp: refill it with tile j + STAGES.
+        gl.thread_barrier()
+        nxt = j + STAGES
+        go = nxt < n_tiles
+        mbarrier.expect(ready.index(buf), kv_bytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], ready.index(buf), k_smem.index(buf),
+                                        pred=go)
+        tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], ready.index(buf), v_smem.index(buf),
+                                        pred=go)
+    mbarrier.invalidate(qdo_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, g_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
+    gl.store(DQ + off, (dq * sm_scale).to(dtype))
+
+
 def descriptors(q, k, v, do, bm, bn):
     """TMA descriptors of the (B*H*N, D) views of contiguous (B, H, N, D) tensors: Q and dO in (bm, D) boxes, K and
     V in (bn, D)."""
@@ -246,4 +350,40 @@ def launch_if_covered(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, d
         return False
     launch(q4, k4, v4, do4, lse.contiguous(), delta, dk4, dv4, is_causal, scale)
     LAUNCHES += 1
+    return True
+
+
+def dq_not_covered(q4, k4, v4, do4, dq4, is_causal) -> str | None:
+    """Why ``_gluon_dq`` does not apply to step 06's dQ pass here, or None when it does: the dK/dV kernel's device and
+    shape conditions (``not_covered``), D in ``DQ_TILES``, N from ``DQ_MIN_LEN``, dQ contiguous like q."""
+    why = not_covered(q4, k4, v4, do4, "separate", is_causal)
+    if why:
+        return why
+    B, H, N, D = q4.shape
+    if D not in DQ_TILES:
+        return f"D={D}: the Gluon dQ kernel ran slower than the Triton one there, or was not measured (D=128 only)"
+    if N < DQ_MIN_LEN:
+        return f"N={N}: the Gluon dQ kernel was measured from N={DQ_MIN_LEN}"
+    if dq4.shape != q4.shape or dq4.dtype != q4.dtype or not dq4.is_contiguous():
+        return "dQ not a contiguous tensor like q"
+    return None
+
+
+def launch_dq(q4, k4, v4, do4, lse, delta, dq4, is_causal: bool, scale: float):
+    """dQ into ``dq4`` (contiguous, like q4); ``lse`` and ``delta`` as ``launch`` takes them."""
+    B, H, N, D = q4.shape
+    bm, bn, stages, warps = DQ_TILES[D]
+    descs = descriptors(q4, k4, v4, do4, bm, bn)
+    _gluon_dq[(B * H, N // bm)](*descs, lse, delta, dq4, N, scale, scale * LOG2E,
+                                HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(is_causal),
+                                num_warps=warps)
+
+
+def launch_dq_if_covered(q4, k4, v4, do4, lse, delta, dq4, is_causal, scale) -> bool:
+    """Step 06's hook for its dQ pass: run ``_gluon_dq`` and return True where it applies (``dq_not_covered``)."""
+    global DQ_LAUNCHES
+    if dq_not_covered(q4, k4, v4, do4, dq4, is_causal) is not None:
+        return False
+    launch_dq(q4, k4, v4, do4, lse.contiguous(), delta, dq4, is_causal, scale)
+    DQ_LAUNCHES += 1
     return True

@@ -126,6 +126,15 @@ from .gluon_dkdv import launch_if_covered as hopper_dkdv  # noqa: E402,F811  # S
 from .gluon_dkdv import takes as hopper_dkdv_takes  # noqa: E402,F811  # SOLUTION-ONLY
 
 
+def hopper_dq(q4, k4, v4, do4, lse, delta, dq4, is_causal, scale) -> bool:
+    """Where ``backward`` may hand its dQ pass (dq_mode "separate") to another kernel: here none (False), so your
+    Triton dQ kernel runs on every GPU. The course's solution puts a Gluon dQ kernel for Hopper at D=128 here."""
+    return False
+
+
+from .gluon_dkdv import launch_dq_if_covered as hopper_dq  # noqa: E402,F811  # SOLUTION-ONLY
+
+
 # %% 1. D = rowsum(dO * O) -------------------------------------------------------
 
 @triton.jit
@@ -680,7 +689,7 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
             H, nq, nk, scale, scale * LOG2E,
             HEAD_DIM=d, BLOCK_D=bd, IS_CAUSAL=is_causal, ATOMIC_DQ=dq_mode in ("atomic", "atomic_tma"),
             DOT_PRECISION=prec, TMA_DQ=tma_dq, **tiles(c))
-    if dq_mode == "separate":
+    if dq_mode == "separate" and not hopper_dq(q4, k4, v4, do4, lse, delta, dq4, is_causal, scale):
         c = {"EARLY_DP": False, "HEADS_FIRST": False, **cfg["dq"]}
         dq_kernel = configured(_bwd_dq_kernel, c)
         wrap_triton(dq_kernel)[_grid(triton.cdiv(nq, c["BLOCK_M"]), B * H, c["HEADS_FIRST"])](

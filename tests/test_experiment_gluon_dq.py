@@ -52,3 +52,16 @@ def test_refuses_what_it_does_not_cover():
     q = torch.empty(1, 2, 1000, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="multiple of 64"):
         mod.check_inputs(q, q, q, q, "d128 64x64 s2 w4")
+
+
+def test_the_shipped_tiles_are_the_ones_compiled_here():
+    """Step 06's solution runs ``_gluon_dq`` at D=128 with ``DQ_TILES[128]``: the variant whose sm_90a compile the test
+    above checks (no spill, not serialized), the one measured fastest in results/h200/triton/gluon_dq_1203/."""
+    from solutions import gluon_dkdv
+    spec = importlib.util.spec_from_file_location("gluon_dq", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod._gluon_dq is gluon_dkdv._gluon_dq, "the experiment times a copy, not the solution's kernel"
+    assert set(gluon_dkdv.DQ_TILES) == {128}
+    assert (128, *gluon_dkdv.DQ_TILES[128], None) == mod.VARIANTS["d128 64x64 s2 w4"]
+    assert "d128 64x64 s2 w4 causal" in KEYS and "d128 64x64 s2 w4 full" in KEYS

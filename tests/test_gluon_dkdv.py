@@ -148,6 +148,81 @@ def test_step06_backward_routes_dkdv_through_the_hook(monkeypatch):
     assert len(fake.launches) == before, "the Gluon kernel was handed inputs it does not cover"
 
 
+class _ExactDq:
+    """Stands in for ``_gluon_dq`` on a CPU, as ``_ExactDkdv`` does for the dK/dV kernel: writes the float64
+    reference's dQ where the kernel would and records each launch's grid and options."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(q_desc, k_desc, v_desc, do_desc, lse, delta, dq, n, sm_scale, qk_scale, **kw):
+            from attnlib.reference import reference_backward
+            BH, N = lse.shape
+            B, H, _, D = dq.shape
+            assert (B * H, N) == (BH, n) and delta.shape == lse.shape and dq.is_contiguous(), (lse.shape, dq.shape)
+            assert abs(qk_scale - sm_scale * 1.4426950408889634) < 1e-12
+            q, k, v, do = (d.base.view(B, H, N, D) for d in (q_desc, k_desc, v_desc, do_desc))
+            with torch.enable_grad():
+                rdq = reference_backward(q, k, v, do, kw["IS_CAUSAL"], scale=sm_scale)[0]
+            dq.copy_(rdq)
+            self.launches.append((grid, kw))
+        return launch
+
+
+def test_dq_pass_covers_what_was_measured_and_nothing_else(monkeypatch):
+    """The Gluon dQ kernel: D=128 only (at D=64 it ran 0.88-0.97x the Triton kernel), from N=4096 with either mask (it
+    was measured from there), on what the dK/dV kernel covers, into a contiguous dQ like q."""
+    g = _gluon()
+    assert set(g.DQ_TILES) == {128} and g.DQ_MIN_LEN == 4096
+    monkeypatch.setattr(g, "device_reason", lambda q4: None)      # as if on Hopper
+    q = _views((1, 2, 4096, 128), torch.bfloat16)
+    for causal in (True, False):
+        assert g.dq_not_covered(*q, torch.empty_like(q[0]), causal) is None
+    for views, dq, causal, why in (
+            (_views((1, 2, 4096, 64), torch.bfloat16), None, True, "D=64"),
+            (_views((1, 2, 2048, 128), torch.bfloat16), None, True, "4096"),
+            (_views((1, 2, 2048, 128), torch.bfloat16), None, False, "4096"),
+            (q, torch.empty(1, 2, 128, 4096, dtype=torch.bfloat16).transpose(2, 3), True, "contiguous"),
+            (q, torch.empty_like(q[0], dtype=torch.float16), True, "contiguous"),
+            (_views((1, 2, 4096, 128), torch.float32), None, True, "16-bit")):
+        dq = torch.empty_like(views[0]) if dq is None else dq
+        reason = g.dq_not_covered(*views, dq, causal)
+        assert reason and why in reason, f"{why}: {reason}"
+
+
+@pytest.mark.skipif(GPU, reason="the stand-in runs on a CPU")
+def test_step06_backward_routes_dq_through_the_hook(monkeypatch):
+    """Step 06's solution with both Gluon kernels replaced by exact stand-ins and the device check passed: at D=128
+    its backward hands the dQ pass to ``_gluon_dq`` once, with ``DQ_TILES``' grid and tiles, and keeps what it
+    writes; at D=64 the dQ pass stays the Triton kernel's (interpreted)."""
+    s6, g = _step06_and_gluon()
+    fake_kv, fake_q = _ExactDkdv(), _ExactDq()
+    monkeypatch.setattr(g, "_gluon_dkdv", fake_kv)
+    monkeypatch.setattr(g, "_gluon_dq", fake_q)
+    monkeypatch.setattr(g, "device_reason", lambda q4: None)
+    monkeypatch.setattr(g, "FULL_MIN_LEN", 128)                 # sizes the interpreter runs
+    monkeypatch.setattr(g, "DQ_MIN_LEN", 128)
+    for causal in (True, False):
+        q, k, v = make_qkv(Nq=128, Nk=128, D=128, batch_shape=(1, 2), dtype=torch.float16, seed=2, requires_grad=True)
+        do = make_dout(q)
+        before = g.DQ_LAUNCHES
+        grads = torch.autograd.grad(s6.attention(q, k, v, is_causal=causal), (q, k, v), do)
+        assert g.DQ_LAUNCHES == before + 1, "step 06's backward did not hand its dQ pass to the Gluon kernel"
+        grid, kw = fake_q.launches[-1]
+        bm, bn, stages, warps = g.DQ_TILES[128]
+        assert grid == (2, 128 // bm) and (kw["BLOCK_M"], kw["BLOCK_N"], kw["STAGES"]) == (bm, bn, stages)
+        assert (kw["num_warps"], kw["IS_CAUSAL"], kw["HEAD_DIM"]) == (warps, causal, 128)
+        from attnlib.reference import reference_backward
+        want = reference_backward(q.detach(), k.detach(), v.detach(), do, causal)
+        for name, a, b in zip(("dQ", "dK", "dV"), grads, want):
+            assert_close(a, b, name=f"D=128 causal={causal}: {name} with the stand-ins", dtype=torch.float16)
+    before = len(fake_q.launches)
+    q, k, v = make_qkv(Nq=128, Nk=128, D=64, batch_shape=(1, 2), dtype=torch.float16, requires_grad=True)
+    torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), make_dout(q))
+    assert len(fake_q.launches) == before, "the Gluon dQ kernel ran at D=64"
+
+
 def test_stub_step06_has_no_gluon_path():
     """The stub's step 06 runs the student's Triton kernel on every GPU: the solution's import of the Gluon hook is
     SOLUTION-ONLY, and what stays is the hook that declines."""
@@ -164,6 +239,10 @@ def test_stub_step06_has_no_gluon_path():
     start = stub.index("def hopper_dkdv_takes(")
     exec(stub[start:stub.index("\n\n\n", start)], ns)
     assert ns["hopper_dkdv_takes"](*[None] * 5) is False
+    assert "import launch_dq_if_covered as hopper_dq" in sol and "launch_dq_if_covered" not in stub
+    start = stub.index("def hopper_dq(")
+    exec(stub[start:stub.index("\n\n\n", start)], ns)
+    assert ns["hopper_dq"](*[None] * 9) is False
 
 
 # %% On a Hopper GPU ------------------------------------------------------------------------------------------------
@@ -185,12 +264,16 @@ def test_hopper_path_gradients(shape, is_causal, dtype):
     and the path takes "separate" instead); where it does not, step 06's Triton kernel passes the same check."""
     s6, g = _step06_and_gluon()
     q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=shape[-1], batch_shape=shape[:-2], dtype=dtype, device="cuda")
-    before = g.LAUNCHES
+    before, dq_before = g.LAUNCHES, g.DQ_LAUNCHES
     check_attention(s6.attention, q, k, v, is_causal=is_causal)
     if is_causal or shape[-2] >= g.FULL_MIN_LEN:
         assert g.LAUNCHES > before, "step 06's backward did not run the Gluon kernel on Hopper"
     else:
         assert g.LAUNCHES == before, f"the Gluon kernel ran without a causal mask below N={g.FULL_MIN_LEN}"
+    if shape[-1] in g.DQ_TILES and shape[-2] >= g.DQ_MIN_LEN:
+        assert g.DQ_LAUNCHES > dq_before, "step 06's backward did not run the Gluon dQ kernel at D=128 on Hopper"
+    else:
+        assert g.DQ_LAUNCHES == dq_before, "the Gluon dQ kernel ran on inputs it does not cover"
 
 
 @pytest.mark.gpu
@@ -248,9 +331,10 @@ def test_hopper_path_takes_separate_over_the_tables_atomic_tma(monkeypatch):
                        requires_grad=True)
     do = make_dout(q)
     assert s6.bwd_config(4096, 4096, 128, q.dtype, True, "cuda", 2)["dq_mode"] == "atomic_tma"
-    before = g.LAUNCHES
+    before, dq_before = g.LAUNCHES, g.DQ_LAUNCHES
     on = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
     assert g.LAUNCHES == before + 1, "the table's atomic_tma ran where the Gluon path takes the inputs"
+    assert g.DQ_LAUNCHES == dq_before + 1, "the second pass was not the Gluon dQ kernel at D=128, N=4096"
     sep = torch.autograd.grad(s6.attention(q, k, v, is_causal=True, dq_mode="separate"), (q, k, v), do)
     assert torch.equal(on[0], sep[0]), "dQ with the Gluon path is not the second pass's"
     before = g.LAUNCHES
@@ -258,6 +342,7 @@ def test_hopper_path_takes_separate_over_the_tables_atomic_tma(monkeypatch):
     monkeypatch.setenv("ATTN_GLUON_DKDV", "0")
     off = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
     assert g.LAUNCHES == before, "the Gluon kernel ran with dq_mode='atomic_tma' asked for, or with the path off"
+    assert g.DQ_LAUNCHES == dq_before + 2, "the Gluon dQ kernel ran with atomic_tma asked for, or with the path off"
     for name, a, b in zip(("dQ", "dK", "dV"), on, off):
         assert_close(a, b, name=f"{name}: Gluon path + second pass against atomic_tma", dtype=torch.bfloat16)
 

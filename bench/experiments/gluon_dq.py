@@ -10,7 +10,7 @@ results/h200/grid_1203b/). Putting dQ into the dK/dV kernel lost (results/h200/t
 asks the other way: the same dQ kernel written in Gluon, with S and dP issued together and the exponentials run
 while dP is on the tensor cores, every operand staged by TMA.
 
-Method. ``_gluon_dq``: one program per (query tile of BLOCK_M rows, head), the heaviest causal tiles first (as step
+Method. ``_gluon_dq`` (written here, in solutions/gluon_dkdv.py since the answer below): one program per (query tile of BLOCK_M rows, head), the heaviest causal tiles first (as step
 06's dQ kernel orders them); Q and dO loaded once by TMA; K and V tiles of BLOCK_N keys through a STAGES-deep TMA
 ring. Per key tile j:
 
@@ -33,7 +33,17 @@ causal and not, and the leaderboard shape.
     python bench/experiments/gluon_dq.py --aot-check    # no GPU: compile for sm_90a, registers, spills, waits
 (not under TRITON_INTERPRET=1: Gluon has no interpreter)
 
-Answer: not run on a GPU yet (written 2026-12-03).
+Answer: **yes at D=128, no at D=64.** One H200, 2026-12-03 14:40 UTC (the kernel of 7930943, then in this file;
+results/h200/triton/gluon_dq_1203/): every variant right (dQ's error equal to step 06's to the digit, bitwise
+repeatable). The dQ kernel alone against step 06's Triton one (the better of its two timings): D=128 "d128 64x64 s2
+w4" **1.11x, 1.17x, 1.16x causal at N 4096/8192/16384, 1.04x, 1.09x, 1.12x without a mask**; "128x64 s2 w8"
+0.93-1.08x, three stages 0.77-0.91x (one program an SM), 128-key tiles 0.81-0.98x. The whole backward with it (Delta,
+the Gluon dK/dV kernel, this dQ kernel) against step 06's as shipped (the better of two runs): 1.03x, 1.02x, 1.06x
+causal, 0.95x, 1.03x, 1.05x without a mask (at N=4096 the two step 06 runs differ by 5%): 0.76-0.81x cuDNN's
+backward where step 06's runs read 0.71-0.78x, except 0.71x at N=4096 without a mask. D=64: the best, "d64 128x64 s3 w8"
+(the Triton kernel's tiles), 0.88-0.97x the Triton kernel; smaller and larger tiles 0.63-0.93x. So step 06's
+solution runs this kernel (moved into solutions/gluon_dkdv.py, ``DQ_TILES``, ``launch_dq_if_covered``) at D=128 from
+N=4096, and keeps its Triton dQ kernel at D=64.
 """
 
 from __future__ import annotations
@@ -53,13 +63,9 @@ sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.experimental import gluon  # noqa: E402
-from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
-    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
 from bench.experiments import gpu_run  # noqa: E402
-from solutions.gluon_dkdv import descriptors  # noqa: E402
+from solutions.gluon_dkdv import _gluon_dq, descriptors  # noqa: E402  (the kernel lives in the solution since 12-03)
 
 REC = gpu_run.Record("gluon_dq")
 T0 = time.time()
@@ -81,97 +87,6 @@ DEFAULT = list(VARIANTS)
 
 def log(msg):
     REC.log(f"[{time.time() - T0:6.1f}s] {msg}")
-
-
-@gluon.jit
-def _gluon_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, N, sm_scale, qk_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              IS_CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    dtype: gl.constexpr = q_desc.dtype
-    bh = gl.program_id(0)                       # grid (B*H, query tiles): every head's tile before the next tile
-    pid = gl.program_id(1)
-    if IS_CAUSAL:
-        pid = gl.num_programs(1) - 1 - pid      # the last query tile sees every key: the heaviest first
-    start_m = pid * BLOCK_M
-    row0 = bh * N
-
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])        # S, dP: (BM, BN)
-    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])       # dQ: (BM, D)
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, do_desc.block_type.shape, do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(qdo_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-
-    # Key tiles [0, hi): causal, up to the last key <= the tile's last query.
-    if IS_CAUSAL:
-        hi = start_m + BLOCK_M
-    else:
-        hi = N
-    n_tiles = gl.cdiv(hi, BLOCK_N)
-    kv_bytes: gl.constexpr = 2 * k_desc.block_type.nbytes
-
-    mbarrier.expect(qdo_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row0 + start_m, 0], qdo_bar, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [row0 + start_m, 0], qdo_bar, do_smem)
-    for i in gl.static_range(STAGES):
-        go = i < n_tiles
-        mbarrier.expect(ready.index(i), kv_bytes, pred=go)
-        tma.async_copy_global_to_shared(k_desc, [row0 + i * BLOCK_N, 0], ready.index(i), k_smem.index(i), pred=go)
-        tma.async_copy_global_to_shared(v_desc, [row0 + i * BLOCK_N, 0], ready.index(i), v_smem.index(i), pred=go)
-
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-    lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
-    delta = gl.load(DELTA + row0 + offs_m)
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=g_layout)
-    mbarrier.wait(qdo_bar, phase=0)
-
-    for j in range(n_tiles):
-        buf = j % STAGES
-        start_n = j * BLOCK_N
-        mbarrier.wait(ready.index(buf), phase=(j // STAGES) & 1)
-        st = warpgroup_mma(q_smem, k_smem.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        dp = warpgroup_mma(do_smem, v_smem.index(buf).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-        # P = exp2(S * scale*log2e - LSE*log2e), while dP is on the tensor cores.
-        p = gl.exp2(st * qk_scale - lse2[:, None])
-        if IS_CAUSAL:
-            if start_n + BLOCK_N > start_m:
-                offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_s)
-                p = gl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
-        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp,))
-        ds = p * (dp - delta[:, None])
-        ds_op = gl.convert_layout(ds.to(dtype), a_layout)
-        dq = warpgroup_mma(ds_op, k_smem.index(buf), dq, is_async=True)
-        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
-        # Buffer j is read by nothing in flight now, in any warp: refill it with tile j + STAGES.
-        gl.thread_barrier()
-        nxt = j + STAGES
-        go = nxt < n_tiles
-        mbarrier.expect(ready.index(buf), kv_bytes, pred=go)
-        tma.async_copy_global_to_shared(k_desc, [row0 + nxt * BLOCK_N, 0], ready.index(buf), k_smem.index(buf),
-                                        pred=go)
-        tma.async_copy_global_to_shared(v_desc, [row0 + nxt * BLOCK_N, 0], ready.index(buf), v_smem.index(buf),
-                                        pred=go)
-    mbarrier.invalidate(qdo_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-
-    rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, g_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
-    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
-    gl.store(DQ + off, (dq * sm_scale).to(dtype))
 
 
 # %% Host -----------------------------------------------------------------------------------------------------
