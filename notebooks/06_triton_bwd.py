@@ -993,6 +993,29 @@ for r in load("gluon_short_n_1202/gluon_dkdv_overlap")["short_n_rows"]:
 # no floor with one. Differences under 3% here are within what the same shape read twice.
 
 # %% [markdown]
+# **The dQ pass at D = 128** (issue 17, 2026-12-03). Under `ncu` at N = 4096, causal (`ncu_c4k/`, read at the end
+# of this section), the Triton dQ kernel at D = 128 keeps the tensor pipe busy 58% of its cycles, the Gluon dK/dV
+# kernel beside it 64%. Rounds 3 and 4 had tried a Gluon dQ kernel at D = 64 only. `bench/experiments/gluon_dq.py`
+# wrote it again on the dK/dV kernel's recipe (Q and dO loaded once, K and V through a TMA ring, `S` and `dP` issued
+# together, `P = exp2(S - LSE)` computed while `dP` is on the tensor cores, then `dQ += dS K`) and timed it at both
+# head dims on FlashAttention's grid, alone and inside the whole backward, against cuDNN's backward in the same run
+# (one H200):
+
+# %%
+for r in load("gluon_dq_1203/gluon_dq")["timing_rows"]:
+    best = max(r["dq_vs_triton"].items(), key=lambda kv: kv[1])[0]
+    print(f"{r['shape'][:36]:36s} dQ kernel {best:18s} x{r['dq_vs_triton'][best]:.2f} the Triton one;"
+          f"  backward x{r['bwd_vs_step06'][best]:.2f} step 06's, {r['bwd_vs_cudnn'][best]:.2f} cuDNN's")
+
+# %% [markdown]
+# At D = 128 the Gluon kernel wins at every shape: 1.04-1.17x the Triton dQ kernel, 1.02-1.06x the whole backward
+# (0.95x at N = 4096 without a mask, where step 06's own two runs read 5% apart). At D = 64 it does not (0.88-0.97x
+# with the Triton kernel's own tiles): that kernel already keeps the tensor pipe 66% busy. So the solution runs
+# `_gluon_dq` at D = 128 from N = 4096 (`DQ_TILES`, `hopper_dq` in the step) and keeps the Triton dQ kernel at
+# D = 64. The backward is still 0.76-0.81x cuDNN's at D = 128: the seven products against cuDNN's five are still
+# paid, and putting dQ inside the dK/dV kernel with fp32 atomics lost (0.66-0.85x, `gluon_dkdv_dq_1203/`).
+
+# %% [markdown]
 # ### Warp specialization, in Gluon: the forward
 #
 # Everything above keeps one kind of warp: each loads its tiles, waits, multiplies, exponentiates. FlashAttention-3
