@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "experiments" / "gluon_dq.py"
 pytestmark = [pytest.mark.step06]
 KEYS = ["d64 128x64 s3 w8 causal", "d128 64x64 s2 w4 causal", "d128 64x64 s2 w4 full"]
+CARRY = "d128 64x64 s2 w4 carry causal"
 # k-steps of 16: S (BM x BN) over D, dP over D, dQ (BM x D) over BN; a wgmma instruction is 64 rows of one warpgroup
 WGMMA = {"d64 128x64 s3 w8": 64 // 16 * 2 + 64 // 16, "d128 64x64 s2 w4": 128 // 16 * 2 + 64 // 16}
 
@@ -25,7 +26,8 @@ WGMMA = {"d64 128x64 s3 w8": 64 // 16 * 2 + 64 // 16, "d128 64x64 s2 w4": 128 //
 def _reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, str(SCRIPT), "--aot-check", "--variants",
-                        "d64 128x64 s3 w8@causal,d128 64x64 s2 w4@causal,d128 64x64 s2 w4@full"],
+                        "d64 128x64 s3 w8@causal,d128 64x64 s2 w4@causal,d128 64x64 s2 w4@full,"
+                        "d128 64x64 s2 w4 carry@causal"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -40,6 +42,16 @@ def test_three_products_a_key_tile_s_waited_for_alone(key):
                                              "then dQ"
     assert not rep["serialized"], "ptxas serialized the wgmmas"
     assert rep["spill"] == [0, 0], f"spills {rep['spill']}"
+
+
+def test_round_2_carries_dq_across_the_loop_unserialized():
+    """Round 2 runs gluon_dkdv_overlap's round-4 kernel with ``CARRY_DQ`` (its tile 0 peeled: each product twice in
+    the PTX) at D=128: dQ's product waited for with the next S (a wait with one left, twice), and ptxas keeps the
+    wgmmas asynchronous, without spilling."""
+    rep = _reports()[CARRY]
+    assert rep["wgmma"] == 2 * WGMMA["d128 64x64 s2 w4"], rep
+    assert rep["waits"].get("1") == 2, rep["waits"]
+    assert not rep["serialized"] and rep["spill"] == [0, 0], rep
 
 
 def test_refuses_what_it_does_not_cover():

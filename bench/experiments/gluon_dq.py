@@ -71,7 +71,9 @@ REC = gpu_run.Record("gluon_dq")
 T0 = time.time()
 LOG2E = 1.4426950408889634
 # name -> (D, BLOCK_M queries a program, BLOCK_N keys a step, STAGES, num_warps, maxnreg). Step 06's Triton dQ
-# tiles: 128x64 on 8 warps at D=64, 64x32 on 4 warps at D=128.
+# tiles: 128x64 on 8 warps at D=64, 64x32 on 4 warps at D=128. " carry": gluon_dkdv_overlap's round-4 dQ kernel
+# with ``CARRY_DQ`` (Triton's own schedule: dQ's product left in flight across the back edge, waited for with the
+# next S; measured at D=64 on the leaderboard shape only, 0.96-0.97x step 06's), here at this file's tiles (round 2).
 VARIANTS = {
     "d64 128x64 s3 w8": (64, 128, 64, 3, 8, None),
     "d64 64x64 s3 w4": (64, 64, 64, 3, 4, None),
@@ -81,8 +83,25 @@ VARIANTS = {
     "d128 64x64 s3 w4": (128, 64, 64, 3, 4, None),
     "d128 128x64 s2 w8": (128, 128, 64, 2, 8, None),
     "d128 64x128 s2 w4": (128, 64, 128, 2, 4, None),
+    "d128 64x64 s2 w4 carry": (128, 64, 64, 2, 4, None),
+    "d128 64x64 s3 w4 carry": (128, 64, 64, 3, 4, None),
+    "d64 128x64 s3 w8 carry": (64, 128, 64, 3, 8, None),
+    "d64 128x64 s2 w8 carry": (64, 128, 64, 2, 8, None),
 }
-DEFAULT = list(VARIANTS)
+ROUNDS = {1: [x for x in VARIANTS if not x.endswith(" carry")],
+          2: ["d128 64x64 s2 w4", "d128 64x64 s2 w4 carry", "d128 64x64 s3 w4 carry",
+              "d64 128x64 s3 w8", "d64 128x64 s3 w8 carry", "d64 128x64 s2 w8 carry"]}
+# (capped at 128 registers so that two 8-warp programs share an SM, "d64 128x64 s3 w8 carry" has ptxas serialize its
+# wgmmas: --aot-check, 2026-12-03; not run)
+DEFAULT = ROUNDS[1]
+
+
+def kernel_of(variant):
+    """(kernel, its extra options) of a variant: the solution's ``_gluon_dq``, or round 4's with ``CARRY_DQ``."""
+    if variant.endswith(" carry"):
+        from gluon_dkdv_overlap import _gluon_dq as round4
+        return round4, dict(OVERLAP=True, CARRY_DQ=True, DP_WITH_S=True)
+    return _gluon_dq, {}
 
 
 def log(msg):
@@ -114,7 +133,8 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dq=None):
     descs = descriptors(q, k, v, do, bm, bn)
     dq = torch.empty_like(q) if dq is None else dq
     scale = D ** -0.5
-    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal), num_warps=warps)
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal), num_warps=warps,
+                  **kernel_of(variant)[1])
     if maxnreg:
         kwargs["maxnreg"] = maxnreg
     args = (*descs, lse, delta, dq, N, scale, scale * LOG2E)
@@ -124,7 +144,7 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dq=None):
 def dq_gluon(q, k, v, do, lse, delta, causal, variant):
     check_inputs(q, k, v, do, variant)
     grid, args, kwargs, dq = launch_args(q, k, v, do, lse, delta, causal, variant)
-    _gluon_dq[grid](*args, **kwargs)
+    kernel_of(variant)[0][grid](*args, **kwargs)
     return dq
 
 
@@ -136,7 +156,7 @@ def compile_sm90(variant: str, causal: bool):
     q = torch.empty(1, 2, 1024, d, dtype=torch.bfloat16)
     lse = torch.empty(2, 1024, dtype=torch.float32)
     grid, args, kwargs, _ = launch_args(q, q, q, q, lse, lse, causal, variant)
-    return compile_for_sm90(_gluon_dq, args, kwargs)
+    return compile_for_sm90(kernel_of(variant)[0], args, kwargs)
 
 
 def report(variant: str, causal: bool) -> dict:
@@ -308,8 +328,11 @@ def main():
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--budget-s", type=float, default=200)
+    ap.add_argument("--round", type=int, default=1, choices=sorted(ROUNDS),
+                    help="1: the first run's tiles; 2: round 4's kernel with dQ's product left in flight across the "
+                         "loop (carry) beside round 1's best at each D")
     args = ap.parse_args()
-    names = args.variants.split(",") if args.variants else DEFAULT
+    names = args.variants.split(",") if args.variants else ROUNDS[args.round]
     if unknown := [x for x in names if x.partition("@")[0] not in VARIANTS]:
         ap.error(f"--variants: unknown {unknown}")
     if args.aot_check:
