@@ -44,6 +44,15 @@ backward where step 06's runs read 0.71-0.78x, except 0.71x at N=4096 without a 
 (the Triton kernel's tiles), 0.88-0.97x the Triton kernel; smaller and larger tiles 0.63-0.93x. So step 06's
 solution runs this kernel (moved into solutions/gluon_dkdv.py, ``DQ_TILES``, ``launch_dq_if_covered``) at D=128 from
 N=4096, and keeps its Triton dQ kernel at D=64.
+
+Round 2 (``--round 2``, 2026-12-03 14:40 UTC, one H200, e4c09ff; results/h200/triton/gluon_dq_1203/gluon_dq_round2.*):
+gluon_dkdv_overlap's round-4 kernel with ``CARRY_DQ`` (Triton's own schedule: dQ's product left in flight across the
+back edge, waited for with the next S; 170-178 registers at D=128, 138 at D=64, where capped at 128 ptxas serializes
+it) beside round 1's best at each D. **No**: at D=128 it ties round 1's tiles at N=4096 and causal N=8192
+(1.02-1.18x the Triton dQ kernel against 1.02-1.19x in the same run) and loses from there (0.87-1.07x against
+1.10-1.17x); at D=64 0.62-0.83x. Round 1's kernel stays. The same run times step 06 as it ships since 8e2d34e (the Gluon dQ pass at
+D=128): its backward 0.74-0.82x cuDNN's at D=128. Under ncu at N=4096 causal D=128 (results/h200/triton/ncu_c4k_dq/)
+the shipped ``_gluon_dq`` keeps the tensor pipe 76% busy (the Triton kernel 58%): 0.780 ms against 0.995.
 """
 
 from __future__ import annotations
