@@ -114,5 +114,23 @@ def doctor() -> int:
     return 0
 
 
+def _exit(code: int):
+    """Exit without the interpreter's teardown, once everything is written: after ``import torch`` that
+    teardown is 0.5-0.7 s of CPU (measured 2026-12-03, 2-core CPU machine), paid once per submission in a
+    batch (one grader process each) and per command in the grader's tests. The atexit handlers (temporary
+    folders' finalizers among them) still run and the streams are flushed, as in a normal exit."""
+    import atexit
+    import os
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        os._exit(0 if code is None else code if isinstance(code, int) else 1)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -261,8 +261,8 @@ for _lim, _val in {limits!r}:
     resource.setrlimit(_lim, (_val, _val))
 sys.dont_write_bytecode = True
 sys.path.insert(0, {repo!r})
-from grading.worker import main
-sys.exit(main())
+from grading.worker import finish, main
+finish(main())
 """
 
 
