@@ -1010,7 +1010,8 @@ for r in load("gluon_dq_1203/gluon_dq")["timing_rows"]:
 # %% [markdown]
 # At D = 128 the Gluon kernel wins at every shape: 1.04-1.17x the Triton dQ kernel, 1.02-1.06x the whole backward
 # (0.95x at N = 4096 without a mask, where step 06's own two runs read 5% apart). At D = 64 it does not (0.88-0.97x
-# with the Triton kernel's own tiles): that kernel already keeps the tensor pipe 66% busy. So the solution runs
+# with the Triton kernel's own tiles): that kernel already keeps the tensor pipe 66% busy; at D = 128 under `ncu`
+# (N = 4096, causal, `ncu_c4k_dq/`) the Gluon kernel keeps it 76% busy where the Triton one kept 58%. So the solution runs
 # `_gluon_dq` at D = 128 from N = 4096 (`DQ_TILES`, `hopper_dq` in the step) and keeps the Triton dQ kernel at
 # D = 64. The backward is still 0.76-0.81x cuDNN's at D = 128: the seven products against cuDNN's five are still
 # paid, and putting dQ inside the dK/dV kernel with fp32 atomics lost (0.66-0.85x, `gluon_dkdv_dq_1203/`).
