@@ -292,9 +292,40 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
+_PROC_CHILDREN: bool | None = None
+
+
+def _kids(pid: int) -> list[int]:
+    """``pid``'s children, from /proc/<pid>/task/<tid>/children: every thread's, since a child forked by a
+    thread is listed under that thread."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:                                # gone
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):              # the thread ended meanwhile
+            continue
+    return out
+
+
 def _tree_rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and all its descendants: forked children share one cap."""
-    kids = _children()
+    """Resident memory of ``pid`` and all its descendants: forked children share one cap.
+
+    The watchdog calls this every 20-50 ms while a worker runs. The descendants are walked down from
+    ``pid`` through /proc/<pid>/task/<tid>/children (Linux 3.5+, CONFIG_PROC_CHILDREN), which reads
+    the worker's few processes; reading every process's /proc/<pid>/stat to find the parents cost
+    2.5 ms of the grader's CPU a call with 68 processes on the machine (more on a busy one): 5% of a
+    core through every grade, 12% during a memory probe (measured 2026-12-03). The same processes are
+    found either way (an orphan reparented outside the tree is lost to both); where the kernel has no
+    children file, the scan."""
+    global _PROC_CHILDREN
+    if _PROC_CHILDREN is None:
+        _PROC_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    kids = _children() if not _PROC_CHILDREN else None
     total, todo, seen = 0.0, [pid], set()
     while todo:
         p = todo.pop()
@@ -302,7 +333,7 @@ def _tree_rss_mb(pid: int) -> float:
             continue
         seen.add(p)
         total += _rss_mb(p)
-        todo.extend(kids.get(p, []))
+        todo.extend(kids.get(p, []) if kids is not None else _kids(p))
     return total
 
 
