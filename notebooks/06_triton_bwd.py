@@ -218,8 +218,8 @@ plt.show()
 # ## 6. The recorded H200 figures, forward + backward
 #
 # FlashAttention's grid from `python -m bench grid` (bf16, 16k tokens per batch, hidden 2048), several
-# runs merged; step 06's rows and SDPA's are from one run of 2026-12-03 (`results/h200/grid_1203b/`), with the
-# Gluon kernels of section 11.
+# runs merged; step 06's rows and SDPA's are from one run of 2026-12-03 17:01 (`results/h200/grid_1203e/`, whose
+# README gives every row as a ratio to cuDNN), with the Gluon kernels of section 11.
 
 # %%
 grid = json.loads((RESULTS / "grid" / "results.json").read_text())
