@@ -17,9 +17,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "experiments" / "gluon_fwd_ws.py"
 pytestmark = [pytest.mark.step05]
-# Step 05's D=64 tiles (causal), round 2's persistent kernel (causal), and the persistent tiles step 05 runs at D=64
-# without a causal mask (solutions/gluon_fwd.py, PERSISTENT_TILES).
-VARIANTS = {"causal": ["ws 3wg n128 s2", "pers 2wg n128 s2"], "full": ["pers 3wg n128 s3"]}
+# Step 05's D=64 tiles (causal), round 2's persistent kernel (causal), round 4's consumers that skip the key tiles
+# past their diagonal (causal only), and the persistent tiles step 05 runs at D=64 without a causal mask
+# (solutions/gluon_fwd.py, PERSISTENT_TILES).
+VARIANTS = {"causal": ["ws 3wg n128 s2", "pers 2wg n128 s2", "skip 3wg n128 s2"], "full": ["pers 3wg n128 s3"]}
 KEYS = [f"{v} D64 {mask}" for mask, names in VARIANTS.items() for v in names]
 
 
@@ -47,7 +48,8 @@ def test_the_shipped_persistent_tiles_are_compiled_here():
     assert mod._gluon_fwd_ws_persistent.fn.__module__.endswith("gluon_fwd"), "the experiment times a copy"
 
 
-@pytest.mark.parametrize("key, consumer_regs", [(KEYS[0], 160), (KEYS[1], 240), (KEYS[2], 160)])
+@pytest.mark.parametrize("key, consumer_regs", [("ws 3wg n128 s2 D64 causal", 160), ("pers 2wg n128 s2 D64 causal", 240),
+                                                 ("skip 3wg n128 s2 D64 causal", 160), ("pers 3wg n128 s3 D64 full", 160)])
 def test_registers_move_from_the_loader_to_the_consumers(key, consumer_regs):
     variant = key.split(" D64")[0]
     rep = _reports()[key]
@@ -81,3 +83,17 @@ def test_refuses_what_it_does_not_cover():
         mod.check_inputs(q, q, q)
     assert not mod.fits("ws 3wg n128 s2", 128) and mod.fits("ws 2wg n128 s3", 128)
     assert not mod.fits("pers 2wg n128 s3", 128) and mod.fits("pers 2wg n128 s2", 128)   # two Q sets when persistent
+
+
+def test_the_skip_consumer_is_for_a_causal_mask_only():
+    spec = importlib.util.spec_from_file_location("gluon_fwd_ws", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.applies("skip 3wg n128 s2", 64, True) and not mod.applies("skip 3wg n128 s2", 64, False)
+    assert mod.applies("ws 3wg n128 s2", 64, False)
+    q = torch.empty(1, 2, 1024, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="causal"):
+        mod.launch_args(q, q, q, False, "skip 3wg n128 s2")
+    # The same tiles as the kernel it changes, so that the two are timed like for like.
+    for name, tiles in mod.SKIP.items():
+        assert mod.VARIANTS["ws" + name[4:]] == tiles, name
