@@ -937,3 +937,38 @@ def test_no_sdpa_blocker_falls_back_to_the_public_api(monkeypatch):
     finally:
         g._sdpa_lib._destroy()
     F.scaled_dot_product_attention(q, q, q)                       # this test process gets SDPA back
+
+
+# In a fresh interpreter, as in a worker: torch._dynamo is not loaded until something imports it.
+_DYNAMO_LATE = '''
+import sys
+import torch
+import grading.worker as w
+assert "torch._dynamo" not in sys.modules, "torch._dynamo was loaded before the test began"
+assert w._DISPATCH_WRAPPED is not w._DISPATCH_RAW, "torch no longer wraps a mode's __torch_dispatch__"
+g = w.Guards(["no_sdpa", "no_nxn"])
+g.install()
+with g.watch("fwd", nxn_probe=True):
+    torch.ones(3, 4) @ torch.ones(4, 5)
+assert g.max_numel == 20, g.max_numel                          # the mode saw the ops
+assert "torch._dynamo" not in sys.modules, "a watched op imported torch._dynamo"
+assert w._OpDispatchMode.__torch_dispatch__ is w._DISPATCH_RAW
+import torch._dynamo  # noqa: E402
+assert w._OpDispatchMode.__torch_dispatch__ is w._DISPATCH_WRAPPED, "torch._dynamo loaded, the mode unwrapped"
+with g.watch("fwd", nxn_probe=True):
+    torch.ones(6, 7).sum()
+assert g.max_numel == 42, g.max_numel
+g2 = w.Guards(["no_sdpa"])
+g2.install()                                                   # Dynamo loaded: wrapped from the start
+assert w._OpDispatchMode.__torch_dispatch__ is w._DISPATCH_WRAPPED
+print("ok")
+'''
+
+
+def test_the_dispatch_mode_is_dynamo_disabled_once_dynamo_is_loaded():
+    """The rules' dispatch mode (grading/worker.py) runs without torch._disable_dynamo's wrapper, whose first
+    call imports torch._dynamo (1.3-1.8 s of every grade of steps 04-10), while Dynamo is not loaded, and has
+    that wrapper back the moment torch._dynamo is imported, before anything can be compiled."""
+    r = subprocess.run([sys.executable, "-c", _DYNAMO_LATE], cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
