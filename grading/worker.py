@@ -797,12 +797,15 @@ def ring_rank_job(rank, world, task):
 
 
 def _ring_group(root):
-    from attnlib.dist import PRELOAD_TORCH_ONLY, RankGroup
+    from attnlib.dist import DYNAMO, PRELOAD_TORCH_ONLY, RankGroup
     if "group" not in _RING:
         # Not attnlib in the forkserver's preload (attnlib/dist.py, PRELOAD_TORCH_ONLY): the ranks must
-        # import this worker's private copy, not whatever attnlib the environment would find.
+        # import this worker's private copy, not whatever attnlib the environment would find. Nor
+        # torch._dynamo (which PRELOAD_TORCH_ONLY has, for a CPU machine): the ranks' guards no longer import
+        # it (_dispatch_mode_follows_dynamo), and preloaded it cost the forkserver 2-3 s of CPU in every grade
+        # of step 10 (stub and solution alike, 2026-12-03), as it already is left out on a GPU machine.
         _RING["group"] = RankGroup(world=RING_WORLD, impl=root, timeout_s=RING_TIMEOUT_S, threads=1,
-                                   preload=PRELOAD_TORCH_ONLY)
+                                   preload=[m for m in PRELOAD_TORCH_ONLY if m != DYNAMO])
     return _RING["group"]
 
 
