@@ -81,6 +81,13 @@ without the skip, step 05 and cuDNN, N 4096-16384, causal only? ``--aot-check``:
 registers (128 at D=64), no spill, one ``wgmma.wait_group 1`` a consumer, as the kernel without the skip. If the
 skip pays only where tensor work is saved, a 3-warpgroup row gains at most ~10% at N=4096 and the 2-warpgroup rows
 nothing: the rest of the causal gap is then per-CTA cost, not wasted work.
+Answer: **a little, not enough.** One H200, 2026-12-03 18:22 UTC, 32f81f9's tree (results/h200/triton/
+gluon_fwd_ws_1203_round4/); every variant right and repeatable. With three warpgroups the skip ran 1.01-1.03x the
+same tiles without it at 128-key tiles (D=64 causal, N 4096-16384 and the leaderboard shape) and 1.03-1.09x at
+64-key tiles for N <= 8192; with two warpgroups (nothing to skip) 0.98-1.00x at D=64 and 0.92-1.07x at D=128. The
+gaps: D=64 causal N=4096 best 0.843x cuDNN against step 05's 0.836x; N=8192 "skip 3wg n128 s2" 0.945x against the
+shipped kernel's 0.929x. Wasted work is not what holds the causal N=4096 forward back. Not shipped (1-2% at N >= 8192
+needs a gpu-check this session had no device time for).
 """
 
 from __future__ import annotations
