@@ -9,7 +9,9 @@ NUM_WG x 64 query rows and is split by ``gl.warp_specialize`` into partitions th
                                        ``empty`` mbarrier (every consumer done with it) before refilling it
     consumer warpgroups (4 warps each) their own 64 rows: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued, S_j waited
                                        for alone, its softmax while P_{j-1} V_{j-1} runs (FlashAttention-3's
-                                       intra-warpgroup order), then the buffer handed back by an mbarrier arrive
+                                       intra-warpgroup order), then the buffer handed back by an mbarrier arrive;
+                                       under a causal mask each stops at its own rows' diagonal and hands the CTA's
+                                       later buffers back unread
 
 The registers move from the loader to the consumers (``setmaxnreg`` under the kernel's ``maxnreg``). Measured (H200,
 bf16, ``bench/experiments/gluon_fwd_ws.py``, results/h200/triton/gluon_fwd_ws_1203/), against step 05's Triton
@@ -169,6 +171,14 @@ def _ws_consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     m_start = start_m + WG * BM
+    # Under a causal mask a consumer computes only the key tiles its own rows see, up to its diagonal (one tile for
+    # rows wholly past N), and hands the CTA's later buffers back untouched (below the loop). That skips work only
+    # where the CTA holds more rows than a key tile: with three warpgroups and 128-key tiles 11% of the products at
+    # N=4096, 4% at 8192 (gluon_fwd_ws.py round 4: 1.01-1.03x). Ping-pong needs every warpgroup to take every turn.
+    SKIP_PAST_DIAGONAL: gl.constexpr = IS_CAUSAL and not PINGPONG and NUM_WG * BM > BLOCK_N
+    n_own = n_tiles
+    if SKIP_PAST_DIAGONAL:
+        n_own = gl.where(m_start < N, gl.cdiv(gl.minimum(m_start + BM, N), BLOCK_N), 1)
     offs_m = m_start + gl.arange(0, BM, layout=row_s)
     q_tile = q_smem.index(WG)
     m_i = gl.full([BM], float("-inf"), gl.float32, layout=row_s)
@@ -196,7 +206,7 @@ def _ws_consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0
     l_i = gl.sum(p, 1)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-    for j in range(1, n_tiles):
+    for j in range(1, n_own):
         st = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
@@ -228,7 +238,7 @@ def _ws_consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         p_op = gl.convert_layout(p.to(dtype), p_layout)
 
-    last = (n_tiles - 1) % STAGES
+    last = (n_own - 1) % STAGES
     if PINGPONG:
         mbarrier.wait(turn.index(WG), phase=(n_tiles & 1) ^ (1 if WG == 0 else 0))
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -236,6 +246,13 @@ def _ws_consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0
         mbarrier.arrive(turn.index((WG + 1) % NUM_WG), count=1)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     mbarrier.arrive(empty.index(last), count=1)
+    if SKIP_PAST_DIAGONAL:
+        # The CTA's key tiles past this warpgroup's diagonal: each handed back once filled (an arrive before the fill
+        # would count toward the buffer's previous use), never read.
+        for j in range(n_own, n_tiles):
+            st = j % STAGES
+            mbarrier.wait(ready.index(st), phase=(j // STAGES) & 1)
+            mbarrier.arrive(empty.index(st), count=1)
 
     acc = acc / gl.convert_layout(l_i, row_o)[:, None]
     rows_o = m_start + gl.arange(0, BM, layout=row_o)
