@@ -218,8 +218,9 @@ plt.show()
 # ## 6. The recorded H200 figures, forward + backward
 #
 # FlashAttention's grid from `python -m bench grid` (bf16, 16k tokens per batch, hidden 2048), several
-# runs merged; step 06's rows and SDPA's are from one run of 2026-12-03 17:01 (`results/h200/grid_1203e/`, whose
-# README gives every row as a ratio to cuDNN), with the Gluon kernels of section 11.
+# runs merged; step 06's rows and SDPA's are from one run of 2026-12-03 20:25 (`results/h200/grid_1203f/`, whose
+# README gives every row as a ratio to cuDNN), with the Gluon kernels of section 11; step 07's from 17:01
+# (`results/h200/grid_1203e/`).
 
 # %%
 grid = json.loads((RESULTS / "grid" / "results.json").read_text())
@@ -1074,6 +1075,32 @@ for r in ws2["timing_rows"]:
 # (`solutions/gluon_fwd.py`, `hopper_fwd` in the step; `ATTN_GLUON_FWD=0` turns it off): the round-1 kernel, except
 # at D = 64 without a mask, where it runs the persistent one; below those lengths its Triton kernel; compiled too,
 # through the opaque operator of section 9.
+#
+# Round 4 asked whether the causal consumers waste their time. Each of the three warpgroups stepped through every key
+# tile of its CTA, also the tiles wholly past its own 64 rows' diagonal: 11% of the products and exponentials at
+# N = 4096, 4% at 8192. A consumer that stops at its diagonal must still hand the CTA's later buffers back, each only
+# once the loader has filled it (an arrive before the fill would count toward the buffer's previous use), or the
+# loader waits forever for it. The variant against the same tiles without the skip, in one run; then, after it
+# shipped (`SKIP_PAST_DIAGONAL` in `solutions/gluon_fwd.py`), the solution's kernel in round 5:
+
+# %%
+ws4 = load("gluon_fwd_ws_1203_round4/gluon_fwd_ws")
+ws5 = {r["shape"]: r["ms"] for r in load("gluon_fwd_ws_1203_round5/gluon_fwd_ws")["timing_rows"]}
+for r in ws4["timing_rows"]:
+    m = r["ms"]
+    if " D64 " not in r["shape"]:
+        continue          # two warpgroups at D = 128: a 128-row CTA and 128-key tiles end on the diagonal together
+    m5 = ws5[r["shape"]]
+    print(f"{r['shape']:38s} round 4: skip x{m['ws 3wg n128 s2'] / m['skip 3wg n128 s2']:.3f} the same tiles,"
+          f" {m['cudnn'] / m['skip 3wg n128 s2']:.2f}x cuDNN   round 5, shipped: {m5['cudnn'] / m5['ws 3wg n128 s2']:.2f}x"
+          f" cuDNN")
+
+# %% [markdown]
+# 1.01-1.03x: about a quarter of what the saved products would give if time followed tensor work, so they were not
+# what the consumers waited on. It ships where step 05 runs the kernel (causal, D = 64, N >= 8192), and takes
+# D = 64 causal N = 8192 to about 0.96x cuDNN (0.97x in the grid `results/h200/grid_1203f/`; cuDNN's own time at that
+# shape moves by 6% between runs). N = 4096 causal stays step 05's Triton kernel at 0.83x: what is left there is
+# per-CTA cost, not wasted work.
 
 # %% [markdown]
 # ## References
