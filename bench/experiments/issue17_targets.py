@@ -16,7 +16,11 @@ rounds met the target.
     python bench/experiments/issue17_targets.py --out DIR [--rounds 5] [--cuda]   # an H200: ~2 min (+2 with --cuda)
     python bench/experiments/issue17_targets.py --small                            # a CPU: the script's plumbing
 
-Answer: see ``results/h200/issue17_targets/`` (the first run's README).
+Answer (one H200, 2026-12-03 20:36 UTC, 0fc6341's GPU code, five rounds; results/h200/issue17_targets/): the Triton
+forward meets 0.95x in 10 of 12 cells (D=64 causal N=8192 at the median only, 0.966, 3 of 5 rounds), not at causal
+N=4096 (0.82x at D=64, 0.89x at D=128); the Triton forward + backward meets 0.90x in 2 of 12 (D=64 without a mask,
+N 8192 and 16384; elsewhere 0.80-0.89); step 07 v6's forward meets 0.90x in 11 of 12 (D=128 without a mask N=4096
+0.873 at the median, 0.85-0.95: cuDNN's own time moved 0.826-0.907 ms across the rounds, ours 0.944-0.971).
 """
 
 from __future__ import annotations
