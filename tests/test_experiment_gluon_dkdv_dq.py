@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.step06]
 def _reports():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, str(SCRIPT), "--aot-check", "--variants",
-                        "dq 64x32 s3 w4@causal,dq 64x32 s3 w4 vec@causal,dq 64x32 s3 w4 vec@full"],
+                        "dq 64x32 s3 w4@causal,dq 64x32 s3 w4 vec@causal,dq 64x32 s3 w4 vec@full,"
+                        "dq 64x32 s3 w4 tma@causal"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -41,6 +42,18 @@ def test_five_products_a_tile_and_dq_added_by_atomics(key):
     assert rep["waits"] == {"1": 2, "0": 1}, f"waits {rep['waits']}: the solution's kernel waits twice with one " \
                                              "product left in flight, and once for all"
     assert not rep["serialized"], "ptxas serialized the wgmmas"
+    assert rep["spill"] == [0, 0], f"spills {rep['spill']}"
+
+
+def test_round_2_adds_dq_by_one_tma_reduce_a_tile():
+    """Round 2: dQ_i^T staged in shared memory (two buffers) and added by the TMA unit's bulk reduce, no fp32 atomic:
+    one cp.reduce.async.bulk.tensor ... add in the loop, waited for with one group left in flight (the buffer
+    written next) and all of them before the CTA leaves."""
+    rep = _reports()["dq 64x32 s3 w4 tma causal"]
+    assert rep["tma_reduce_add"] == 1 and rep["atomics_f32"] == rep["atomics_v4_f32"] == 0, rep
+    assert rep["bulk_waits"] == [0, 1], f"bulk waits {rep['bulk_waits']}: store_wait(1) before reusing a buffer, " \
+                                        "store_wait(0) at the end"
+    assert rep["wgmma"] == 16 and rep["waits"] == {"1": 2, "0": 1} and not rep["serialized"], rep
     assert rep["spill"] == [0, 0], f"spills {rep['spill']}"
 
 

@@ -45,6 +45,18 @@ solution's runs four); capped at 128, 52-84 B spilled and, causal, every wgmma s
 thread's two adjacent columns of dQ^T are 64 floats apart in dQ, so the adds are scalar; "vec" converts dQ^T first
 to a layout holding four consecutive d of one query a thread (through shared memory, 52 KB in all): 4
 ``atom.global.add.v4.f32`` a thread instead of 16, 136-142 registers, no spill.
+
+Round 2 (``--round 2``): the adds as FlashAttention-3 makes them. Triton 3.6's Gluon has no Python function for the
+TMA unit's bulk reduce on Hopper, but its IR builder has the op (``create_async_tma_reduce``, what Triton's
+``desc.atomic_add`` lowers to); ``tma_reduce_add`` below is the missing three-line builtin. Each program stages its
+dQ_i^T (D x BLOCK_M fp32, scaled) in one of two shared-memory buffers, fences, and one thread issues a
+``cp.reduce.async.bulk.tensor ... .add`` of the tile into an fp32 dQ^T buffer (B*H*D, N); ``tma.store_wait(1)`` before
+a buffer is written again, ``store_wait(0)`` before the CTA leaves; the host transposes and casts. Is the loss of
+round 1 the adds, and does one bulk reduce a tile take the five-product kernel past step 06's two kernels?
+Variants: round 1's tiles with three and two stages, and 64x64 (one 64x64 dQ^T tile a step: half the reduces per
+product), beside round 1's best ("vec"). ``--aot-check`` (ptxas 13.0): one ``cp.reduce.async.bulk.tensor.2d ... add``
+in the loop, bulk waits 1 and 0, 16 wgmma (20 at 64x64), no fp32 atomic; 138-142 registers at 64x32 (60 / 52 KB),
+190-200 at 64x64 (88 KB), no spill, not serialized.
 """
 
 from __future__ import annotations
@@ -68,6 +80,8 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language._core import builtin  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from bench.experiments import gpu_run  # noqa: E402
 from solutions.gluon_dkdv import descriptors  # noqa: E402
@@ -81,7 +95,13 @@ LOG2E = 1.4426950408889634
 # serializes the wgmmas (--aot-check): "dq 64x32 s3 w4 r128" is kept for --variants, not run by default.
 VARIANTS = {"dq 64x32 s3 w4": (64, 32, 3, 4, None, False), "dq 64x32 s2 w4": (64, 32, 2, 4, None, False),
             "dq 64x32 s3 w4 vec": (64, 32, 3, 4, None, True),
-            "dq 64x32 s3 w4 r128": (64, 32, 3, 4, 128, False)}
+            "dq 64x32 s3 w4 r128": (64, 32, 3, 4, 128, False),
+            # Round 2: dQ^T added by the TMA unit's bulk reduce from shared memory (``tma_reduce_add``), as
+            # FlashAttention-3 adds dQ; the last field says so.
+            "dq 64x32 s3 w4 tma": (64, 32, 3, 4, None, False, True),
+            "dq 64x32 s2 w4 tma": (64, 32, 2, 4, None, False, True),
+            "dq 64x64 s2 w4 tma": (64, 64, 2, 4, None, False, True)}
+ROUND2 = ["dq 64x32 s3 w4 tma", "dq 64x32 s2 w4 tma", "dq 64x64 s2 w4 tma"]
 DEFAULT = ["dq 64x32 s3 w4", "dq 64x32 s2 w4", "dq 64x32 s3 w4 vec"]
 
 
@@ -89,10 +109,28 @@ def log(msg):
     REC.log(f"[{time.time() - T0:6.1f}s] {msg}")
 
 
+def variant_tiles(variant: str):
+    """(BLOCK_N, BLOCK_M, STAGES, num_warps, maxnreg, VEC_DQ, TMA_DQ) of a variant."""
+    bn, bm, stages, warps, maxnreg, vec, *tma_dq = VARIANTS[variant]
+    return bn, bm, stages, warps, maxnreg, vec, bool(tma_dq and tma_dq[0])
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile ``src`` into global memory at ``coord`` of ``tensor_desc`` with the TMA unit's bulk
+    reduce (``cp.reduce.async.bulk.tensor ... .add``), one thread issuing for the CTA, as ``tma.async_copy_shared_to_global``
+    stores; ``tma.store_wait`` waits for it. Triton 3.6's Gluon builds this op (``create_async_tma_reduce``, what
+    Triton's own ``desc.atomic_add`` lowers to) but exposes no function for it on Hopper."""
+    from triton._C.libtriton import ir as _ir
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
 @gluon.jit
-def _gluon_dkdv_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, DQ, N, sm_scale, qk_scale,
+def _gluon_dkdv_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, DQ, dqt_desc, N, sm_scale, qk_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   IS_CAUSAL: gl.constexpr, DS_LAYOUT: gl.constexpr, VEC_DQ: gl.constexpr, num_warps: gl.constexpr):
+                   IS_CAUSAL: gl.constexpr, DS_LAYOUT: gl.constexpr, VEC_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
+                   num_warps: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     bh = gl.program_id(0)
     pid = gl.program_id(1)
@@ -116,6 +154,9 @@ def _gluon_dkdv_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, DQ, N, s
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], DS_LAYOUT)
+    if TMA_DQ:
+        # dQ_i^T staged for the bulk reduce, two buffers: one being read by the TMA unit while the next is written
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dqt_desc.block_type.shape, dqt_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
@@ -175,7 +216,17 @@ def _gluon_dkdv_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, DQ, N, s
         dqt = warpgroup_mma(k_smem.permute((1, 0)), ds_smem, zero_q, use_acc=False, is_async=True)
         dk, dv, dqt, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dqt, pt_op, dst_op))
         # dQ_i^T (D, BM) into the fp32 buffer (B*H*N, D): element (d, m) at row row0 + start_m + m, column d
-        if VEC_DQ:
+        if TMA_DQ:
+            # dQ_i^T scaled here (the host then only transposes and casts), into the buffer the reduce of two tiles
+            # ago read from: wait for that reduce (the issuing thread's bulk groups), then for every thread.
+            dbuf = i % 2
+            tma.store_wait(1)
+            gl.thread_barrier()
+            dq_smem.index(dbuf).store(dqt * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma_reduce_add(dqt_desc, [bh * HEAD_DIM, start_m], dq_smem.index(dbuf))
+        elif VEC_DQ:
             dqv = gl.convert_layout(dqt, v_layout)
             gl.atomic_add(DQ + (row0 + offs_mv)[None, :].to(gl.int64) * HEAD_DIM + offs_dv[:, None], dqv,
                           sem="relaxed")
@@ -194,6 +245,8 @@ def _gluon_dkdv_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, DQ, N, s
     mbarrier.invalidate(kv_bar)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
+    if TMA_DQ:
+        tma.store_wait(0)           # the last reduces have read their shared memory before the CTA leaves
 
     rows = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, g_layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
@@ -220,18 +273,24 @@ def check_inputs(q, k, v, do):
 def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_acc=None):
     """(grid, args, kwargs, dk, dv, dq_acc) of one launch; tensors may be on the CPU (the compile report)."""
     B, H, N, D = q.shape
-    bn, bm, stages, warps, maxnreg, vec = VARIANTS[variant]
+    bn, bm, stages, warps, maxnreg, vec, tma_dq = variant_tiles(variant)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     descs = descriptors(q, k, v, do, bm, bn)
     dk = torch.empty_like(q) if dk is None else dk
     dv = torch.empty_like(q) if dv is None else dv
-    dq_acc = torch.zeros(B * H * N, D, device=q.device, dtype=torch.float32) if dq_acc is None else dq_acc
+    # The fp32 buffer dQ is added into: (B*H*N, D) for the atomics; with the TMA reduce dQ^T, (B*H*D, N), so that a
+    # program's dQ_i^T tile (D, BLOCK_M) is a box of it.
+    shape = (B * H * D, N) if tma_dq else (B * H * N, D)
+    dq_acc = torch.zeros(shape, device=q.device, dtype=torch.float32) if dq_acc is None else dq_acc
+    t_layout = gl.NVMMASharedLayout.get_default_for([D, bm], gl.float32)
+    dqt_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [D, bm], t_layout)
     scale = D ** -0.5
     kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal),
-                  DS_LAYOUT=gl.NVMMASharedLayout.get_default_for([bn, bm], gdt), VEC_DQ=vec, num_warps=warps)
+                  DS_LAYOUT=gl.NVMMASharedLayout.get_default_for([bn, bm], gdt), VEC_DQ=vec, TMA_DQ=tma_dq,
+                  num_warps=warps)
     if maxnreg:
         kwargs["maxnreg"] = maxnreg
-    args = (*descs, lse, delta, dk, dv, dq_acc, N, scale, scale * LOG2E)
+    args = (*descs, lse, delta, dk, dv, dq_acc, dqt_desc, N, scale, scale * LOG2E)
     return (B * H, N // bn), args, kwargs, dk, dv, dq_acc
 
 
@@ -242,7 +301,12 @@ def backward(q, k, v, o, lse, do, causal, variant):
     delta = (do.float() * o.float()).sum(-1).contiguous()
     grid, args, kwargs, dk, dv, dq_acc = launch_args(q, k, v, do, lse.contiguous(), delta, causal, variant)
     _gluon_dkdv_dq[grid](*args, **kwargs)
-    dq = torch.mul(dq_acc.view(q.shape), q.shape[-1] ** -0.5).to(q.dtype)
+    if kwargs["TMA_DQ"]:
+        B, H, N, D = q.shape
+        dq = torch.empty_like(q)
+        dq.copy_(dq_acc.view(B, H, D, N).transpose(-1, -2))     # scaled in the kernel: transpose and cast
+    else:
+        dq = torch.mul(dq_acc.view(q.shape), q.shape[-1] ** -0.5).to(q.dtype)
     return dq, dk, dv
 
 
@@ -269,6 +333,8 @@ def report(variant: str, causal: bool) -> dict:
             "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
             "atomics_f32": len(re.findall(r"\b(?:red|atom)\.[\w.]*add\.f32", ptx)),
             "atomics_v4_f32": len(re.findall(r"\b(?:red|atom)\.[\w.]*add\.v4\.f32", ptx)),
+            "tma_reduce_add": len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.[\w:.]*\.add\b", ptx)),
+            "bulk_waits": sorted(int(x) for x in re.findall(r"cp\.async\.bulk\.wait_group\.read\s+(\d+)", ptx)),
             "smem_kb": ck.metadata.shared // 1024}
 
 
@@ -371,8 +437,11 @@ def main():
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--budget-s", type=float, default=150)
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2),
+                    help="1: the atomics; 2: dQ^T added by the TMA bulk reduce, beside round 1's best (\"vec\")")
     args = ap.parse_args()
-    names = args.variants.split(",") if args.variants else DEFAULT
+    names = args.variants.split(",") if args.variants else (ROUND2 + ["dq 64x32 s3 w4 vec"] if args.round == 2
+                                                            else DEFAULT)
     if unknown := [x for x in names if x.partition("@")[0] not in VARIANTS]:
         ap.error(f"--variants: unknown {unknown}")
     if args.aot_check:
