@@ -57,6 +57,12 @@ Variants: round 1's tiles with three and two stages, and 64x64 (one 64x64 dQ^T t
 product), beside round 1's best ("vec"). ``--aot-check`` (ptxas 13.0): one ``cp.reduce.async.bulk.tensor.2d ... add``
 in the loop, bulk waits 1 and 0, 16 wgmma (20 at 64x64), no fp32 atomic; 138-142 registers at 64x32 (60 / 52 KB),
 190-200 at 64x64 (88 KB), no spill, not serialized.
+Answer: **no.** One H200, 2026-12-03 20:46 UTC (9a182be; results/h200/triton/gluon_dkdv_dq_1203_round2/): every
+variant right (step 06's errors to the digit). The bulk reduce beats round 1's atomics ("vec") at every shape,
+1.04-1.09x, but the kernel still loses to step 06's two kernels: at its
+best tile 0.91x at the leaderboard shape (4.034 ms against 3.653; cuDNN 3.196), 0.75-0.91x causal and 0.77-0.90x not
+over N 4096-16384. The adds were part of round 1's loss, not all of it; the rest is not profiled (141 registers:
+three programs an SM where step 06's dK/dV kernel runs four). Step 06 keeps its two kernels.
 """
 
 from __future__ import annotations
