@@ -169,6 +169,25 @@ def step_of(grade, n):
 # (First in the file: the longest single tests. pytest-xdist hands tests out in file order, and
 # started last they set the end of the run: `make test` on 2 workers, `make gpu-check` on 5.)
 
+def trusted_cache(tmp_path_factory) -> Path:
+    """``--cache`` for a grade of the course's own code -- solutions/, or a copy with one bug planted by these
+    tests -- never a stranger's: its ``inductor`` is this machine's Inductor cache, the one the in-process
+    tests (tests/test_step02_compile.py, step 04's compiled tests) and the notebooks compile into, so a graph
+    compiled once (here, there, or in an earlier run) is not compiled again in every worker. Sound for
+    trusted code only: Inductor's cache is addressed by the graph, the inputs' metadata, the config and
+    torch's version, so a planted bug's graph never answers for the solution's; a submission that could
+    write there could poison it (grading/sandbox.py: a stranger gets a cache of its own, as the hostile
+    fixtures below do). Triton, extension and nvcc caches stay the session's own."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    folder = tmp_path_factory.getbasetemp() / "trusted-cache"
+    if not (folder / "inductor").exists():
+        shared = Path(cache_dir())
+        shared.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(exist_ok=True)
+        (folder / "inductor").symlink_to(shared, target_is_directory=True)
+    return folder
+
+
 def run_cli(*args, timeout=420):
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "grading", *args], cwd=REPO, capture_output=True, text=True,
@@ -177,10 +196,11 @@ def run_cli(*args, timeout=420):
     return proc.stdout, time.monotonic() - t0
 
 
-# The whole class's grade from cold compile caches: on a CPU about 2 minutes; on an H200 beside the rest
-# of `make gpu-check` 5-6 minutes (Triton and nvcc compile every kernel each step runs; 330 s for the
-# grader's own run there with 4 jobs, 2026-12-01), past pytest-timeout's 300 s default. Its own limit
-# is that of the grader's command below, and 4 jobs where the cores are there.
+# The whole class's grade from cold Triton and nvcc caches (Inductor's: this machine's, trusted_cache; cold
+# on a fresh machine, where step 02 compiles for 36 s alone, 98 s beside the rest of `make test`): on a CPU
+# about 2 minutes; on an H200 beside the rest of `make gpu-check` 5-6 minutes (Triton and nvcc compile every
+# kernel each step runs; 330 s for the grader's own run there with 4 jobs, 2026-12-01), past pytest-timeout's
+# 300 s default. Its own limit is that of the grader's command below, and 4 jobs where the cores are there.
 FULL_GRADE_S = 470
 
 
@@ -195,10 +215,11 @@ def keep_for_gpu_check(name, out):
 
 @pytest.mark.slow
 @pytest.mark.timeout(FULL_GRADE_S + 30)
-def test_solutions_score_full_marks(tmp_path):
+def test_solutions_score_full_marks(tmp_path, tmp_path_factory):
     jobs = 4 if (os.cpu_count() or 1) >= 8 else 2
     out, secs = run_cli("--impl", "solutions", "--hidden", str(FIX / "hidden"), "--out", str(tmp_path),
-                        "--cache", str(tmp_path / "cache"), "--jobs", str(jobs), "--quiet", "--summary-json",
+                        "--cache", str(trusted_cache(tmp_path_factory)), "--jobs", str(jobs), "--quiet",
+                        "--summary-json",
                         timeout=FULL_GRADE_S)
     keep_for_gpu_check("grade_solutions", out)
     print(out, f"\n{secs:.0f} s")
@@ -280,11 +301,13 @@ def test_batch_grades_everyone_despite_broken_submissions(tmp_path):
 @pytest.fixture(scope="session")
 def graded(tmp_path_factory):
     base = tmp_path_factory.mktemp("submissions")
-    cache = tmp_path_factory.mktemp("compile-cache")     # shared: the step 02 variants reuse compiled graphs
+    cache = tmp_path_factory.mktemp("compile-cache")     # the hostile submissions': this session's, apart
+    shared = trusted_cache(tmp_path_factory)
     jobs = []
     for spec in WRONG:
         if present(spec["step"]):
-            tweak = {"config": FIX / spec["config"]} if "config" in spec else {}
+            # A solution with one planted bug: the course's own code, graded with the machine's Inductor cache.
+            tweak = {"config": FIX / spec["config"], "trusted": True} if "config" in spec else {"trusted": True}
             jobs.append((spec["name"], plant(spec, base / spec["name"]), [spec["step"]], tweak, None))
     for name, (steps, _, _, tweak) in HOSTILE.items():
         dst = base / name
@@ -311,13 +334,15 @@ def graded(tmp_path_factory):
         tweak = dict(tweak)
         conf = cfg.load(tweak.pop("config", TEST_CONFIG), hidden)
         private = tweak.pop("private_cache", False)      # as for any stranger's submission
+        trusted = tweak.pop("trusted", False)              # a planted bug: trusted_cache()
         tweak.pop("hidden", None)                          # graded with the hidden tests: ``hidden`` above
         for key, val in tweak.items():
             for n in steps:
                 setattr(conf.steps[n], key, val)
         t0 = time.monotonic()
+        where = None if private else str(shared if trusted else cache)
         g = Grader(conf, hidden=str(hidden) if hidden else None, jobs=1, threads=1,
-                   cache=None if private else str(cache)).grade(folder, steps)
+                   cache=where).grade(folder, steps)
         return name, g, time.monotonic() - t0
 
     def show(name, g, secs):
