@@ -49,6 +49,13 @@ check: $(STAMP)
 # worker whose test asks. (TORCHINDUCTOR_COMPILE_THREADS=1, Inductor compiling in-process, was tried on
 # 2026-12-02 and is slower here: steps 02 and 04's compiled tests, cold caches, two runs each alternated,
 # 67-72 s against 60-63 s with Inductor's own compile pool.)
+# 2026-12-03, this VM, 2 cores, 1008-1012 tests, 610 skipped (wall times noisy: another job shared the VM):
+# before 931d992, 13m32s (pytest's own) and 11m54s with a fresh Inductor cache (1329 s CPU in all; the grader's
+# whole-class run 137 s of it, its step 02 36 s CPU cold when graded alone). 931d992: the solutions' and the planted
+# bugs' grades compile into this machine's Inductor cache (tests/test_grading.py, trusted_cache; hostile
+# submissions keep their own): warm, step 02's grade 36 -> 15 s alone, step02-scale-twice 29 -> 14 s CPU,
+# step02-not-compiled 20 -> 14 s. `bash .ci/run` on a clean clone after it: 11m26s (12m33s with the install);
+# with a fresh Inductor cache 14m07s, every test slower than the run before, the ones untouched too (1585 s CPU).
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(VPY) -m pytest --impl solutions -q -n 2 --dist worksteal
 
