@@ -288,8 +288,10 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_a
     # program's dQ_i^T tile (D, BLOCK_M) is a box of it.
     shape = (B * H * D, N) if tma_dq else (B * H * N, D)
     dq_acc = torch.zeros(shape, device=q.device, dtype=torch.float32) if dq_acc is None else dq_acc
-    t_layout = gl.NVMMASharedLayout.get_default_for([D, bm], gl.float32)
-    dqt_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [D, bm], t_layout)
+    dqt_desc = None             # the atomics address DQ by pointer
+    if tma_dq:
+        t_layout = gl.NVMMASharedLayout.get_default_for([D, bm], gl.float32)
+        dqt_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [D, bm], t_layout)
     scale = D ** -0.5
     kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal),
                   DS_LAYOUT=gl.NVMMASharedLayout.get_default_for([bn, bm], gdt), VEC_DQ=vec, TMA_DQ=tma_dq,

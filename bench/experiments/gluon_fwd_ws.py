@@ -71,9 +71,10 @@ step 05's Triton kernel 0.803-0.807 (0.82-0.83x), round 1's "ws 2wg n128 s3" 0.8
 not hide the per-CTA cost at this length; the causal N=4096 forward stays step 05's Triton kernel (0.82-0.83x
 cuDNN in this run, D=128 0.84-0.89x).
 
-Round 4 (``--round 4``, run at 8458cf3; gone since the skip shipped): under a causal mask every consumer computed every key tile of its CTA, also those wholly
-past its own rows' diagonal: with three warpgroups and 128-key tiles that is 11% of the products and exponentials at
-N=4096 (rows past N included), 4% at 8192, 2% at 16384; with two warpgroups none. ``_gluon_fwd_ws_skip`` is the
+Round 4 (``--round 4``, run at 8458cf3; gone since the skip shipped): under a causal mask every consumer computed
+every key tile of its CTA, also those wholly past its own rows' diagonal: with three warpgroups and 128-key tiles
+that is 11% of the products and exponentials at N=4096 (rows past N included), 4% at 8192, 2% at 16384; with two
+warpgroups none. ``_gluon_fwd_ws_skip`` is the
 solution's kernel with consumers that compute only the key tiles their rows see and hand the rest of the CTA's
 buffers back once filled (``_skip_consumer``; the loader is the solution's). Does the causal forward at N=4096 (0.82x
 cuDNN at D=64, 0.93x at D=128 in results/h200/grid_1203e/) and D=64 N=8192 (0.90x) gain, against the same tiles
