@@ -106,8 +106,15 @@ VARIANTS = {"dq 64x32 s3 w4": (64, 32, 3, 4, None, False), "dq 64x32 s2 w4": (64
             # FlashAttention-3 adds dQ; the last field says so.
             "dq 64x32 s3 w4 tma": (64, 32, 3, 4, None, False, True),
             "dq 64x32 s2 w4 tma": (64, 32, 2, 4, None, False, True),
-            "dq 64x64 s2 w4 tma": (64, 64, 2, 4, None, False, True)}
+            "dq 64x64 s2 w4 tma": (64, 64, 2, 4, None, False, True),
+            # Round 3: round 2's kernels with the grid's order turned round (``KEY_FIRST``, the last field): a head's
+            # key tiles side by side, so the programs resident together add into one head's dQ buffer (1 MB at
+            # N=4096, D=64) and read one head's Q and dO, where heads first they add into as many heads' buffers as
+            # there are programs, the whole fp32 dQ (134 MB on FlashAttention's grid) against a 50 MB L2.
+            "dq 64x32 s3 w4 tma kf": (64, 32, 3, 4, None, False, True, True),
+            "dq 64x64 s2 w4 tma kf": (64, 64, 2, 4, None, False, True, True)}
 ROUND2 = ["dq 64x32 s3 w4 tma", "dq 64x32 s2 w4 tma", "dq 64x64 s2 w4 tma"]
+ROUND3 = ["dq 64x32 s3 w4 tma kf", "dq 64x64 s2 w4 tma kf", "dq 64x32 s3 w4 tma"]
 DEFAULT = ["dq 64x32 s3 w4", "dq 64x32 s2 w4", "dq 64x32 s3 w4 vec"]
 
 
@@ -116,9 +123,10 @@ def log(msg):
 
 
 def variant_tiles(variant: str):
-    """(BLOCK_N, BLOCK_M, STAGES, num_warps, maxnreg, VEC_DQ, TMA_DQ) of a variant."""
-    bn, bm, stages, warps, maxnreg, vec, *tma_dq = VARIANTS[variant]
-    return bn, bm, stages, warps, maxnreg, vec, bool(tma_dq and tma_dq[0])
+    """(BLOCK_N, BLOCK_M, STAGES, num_warps, maxnreg, VEC_DQ, TMA_DQ, KEY_FIRST) of a variant."""
+    bn, bm, stages, warps, maxnreg, vec, *more = VARIANTS[variant]
+    more = list(more) + [False] * (2 - len(more))
+    return bn, bm, stages, warps, maxnreg, vec, bool(more[0]), bool(more[1])
 
 
 @builtin
@@ -136,10 +144,14 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 def _gluon_dkdv_dq(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, DQ, dqt_desc, N, sm_scale, qk_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    IS_CAUSAL: gl.constexpr, DS_LAYOUT: gl.constexpr, VEC_DQ: gl.constexpr, TMA_DQ: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   num_warps: gl.constexpr, KEY_FIRST: gl.constexpr = False):
     dtype: gl.constexpr = q_desc.dtype
-    bh = gl.program_id(0)
-    pid = gl.program_id(1)
+    if KEY_FIRST:                               # grid (key tiles, B*H): a head's key tiles side by side (round 3)
+        pid = gl.program_id(0)
+        bh = gl.program_id(1)
+    else:                                       # grid (B*H, key tiles): every head's tile before the next tile
+        bh = gl.program_id(0)
+        pid = gl.program_id(1)
     start_n = pid * BLOCK_N
     row0 = bh * N
 
@@ -279,7 +291,7 @@ def check_inputs(q, k, v, do):
 def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_acc=None):
     """(grid, args, kwargs, dk, dv, dq_acc) of one launch; tensors may be on the CPU (the compile report)."""
     B, H, N, D = q.shape
-    bn, bm, stages, warps, maxnreg, vec, tma_dq = variant_tiles(variant)
+    bn, bm, stages, warps, maxnreg, vec, tma_dq, key_first = variant_tiles(variant)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     descs = descriptors(q, k, v, do, bm, bn)
     dk = torch.empty_like(q) if dk is None else dk
@@ -295,11 +307,12 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_a
     scale = D ** -0.5
     kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, IS_CAUSAL=bool(causal),
                   DS_LAYOUT=gl.NVMMASharedLayout.get_default_for([bn, bm], gdt), VEC_DQ=vec, TMA_DQ=tma_dq,
-                  num_warps=warps)
+                  KEY_FIRST=key_first, num_warps=warps)
     if maxnreg:
         kwargs["maxnreg"] = maxnreg
     args = (*descs, lse, delta, dk, dv, dq_acc, dqt_desc, N, scale, scale * LOG2E)
-    return (B * H, N // bn), args, kwargs, dk, dv, dq_acc
+    grid = (N // bn, B * H) if key_first else (B * H, N // bn)
+    return grid, args, kwargs, dk, dv, dq_acc
 
 
 def backward(q, k, v, o, lse, do, causal, variant):
@@ -445,11 +458,12 @@ def main():
     ap.add_argument("--aot-check", action="store_true", help="no GPU: compile for sm_90a and report")
     ap.add_argument("--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--budget-s", type=float, default=150)
-    ap.add_argument("--round", type=int, default=1, choices=(1, 2),
-                    help="1: the atomics; 2: dQ^T added by the TMA bulk reduce, beside round 1's best (\"vec\")")
+    ap.add_argument("--round", type=int, default=1, choices=(1, 2, 3),
+                    help="1: the atomics; 2: dQ^T added by the TMA bulk reduce, beside round 1's best (\"vec\"); "
+                         "3: round 2's kernels with a head's key tiles side by side")
     args = ap.parse_args()
-    names = args.variants.split(",") if args.variants else (ROUND2 + ["dq 64x32 s3 w4 vec"] if args.round == 2
-                                                            else DEFAULT)
+    names = args.variants.split(",") if args.variants else {1: DEFAULT, 2: ROUND2 + ["dq 64x32 s3 w4 vec"],
+                                                            3: ROUND3}[args.round]
     if unknown := [x for x in names if x.partition("@")[0] not in VARIANTS]:
         ap.error(f"--variants: unknown {unknown}")
     if args.aot_check:
