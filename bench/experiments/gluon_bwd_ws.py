@@ -22,7 +22,7 @@ by side; causal, the heaviest key block of a head first). ``gl.warp_specialize``
                                    added to an fp32 (B*H*N, D) buffer by one bulk reduce (gluon_dkdv_dq.py's
                                    ``tma_reduce_add``), ``tma.store_wait(DQ_BUFS - 1)`` before a buffer is written again
 Under a causal mask consumer 1 skips the query tile wholly above its keys (it hands the buffer back unread). After
-the kernel dQ is the buffer cast (one elementwise kernel). D = rowsum(dO * O) by PyTorch (charged to this side).
+the kernel dQ is the buffer cast (one elementwise kernel). D = rowsum(dO * O) by step 06's own preprocess kernel.
 (1) dQ, dK, dV against the float64 reference beside step 06's errors (bf16 D 64 and 128, causal and not; fp16
 once), dK and dV bitwise repeatable. (2) the backward alone, do_bench median, against step 06's ``backward`` as it
 ships (twice) and cuDNN's, in the same run: the CS336 leaderboard shape and FlashAttention's grid (B = 16384/N,
@@ -38,6 +38,7 @@ Answer: not yet run on a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -66,12 +67,24 @@ T0 = time.time()
 LOG2E = 1.4426950408889634
 WG_KEYS = 64          # keys a consumer warpgroup owns (one m64 wgmma for S^T, dP^T, dK, dV)
 NUM_WG = 2            # consumer warpgroups: 128 keys a CTA
-# name -> (BLOCK_M queries a step, STAGES, DQ_BUFS, maxnreg, consumer registers, loader registers). Three warpgroups'
-# worth of registers a CTA (the loader warp is allocated a warpgroup's): 3 x 128 x 168 <= 65536, one CTA an SM.
-# Shared memory at D=128: K, V 64 KB, Q, dO 32 KB a stage, dS^T 16 KB, dQ 32 KB a buffer a consumer: one dQ buffer.
-VARIANTS = {"ws m64 s2 q2": (64, 2, 2, 168, 240, 24), "ws m64 s3 q2": (64, 3, 2, 168, 240, 24),
-            "ws m64 s2 q1": (64, 2, 1, 168, 240, 24)}
-DEFAULT = {64: ["ws m64 s2 q2", "ws m64 s3 q2"], 128: ["ws m64 s2 q1"]}
+# How a CTA's dQ_i is made (DQ_MODE):
+#   0 "ws"    each consumer its share over its own 64 keys, dQ_i(w) = dS_i(w) K(w) (BLOCK_M x D), and adds it: two
+#             bulk reduces a CTA a query tile
+#   1 "alt"   both consumers' dS^T_i in shared memory (an mbarrier says when both are there, another when they may be
+#             overwritten); consumer i % 2 makes the whole dQ_i over the CTA's 128 keys and adds it: one reduce a
+#             query tile, half the adds to L2 of mode 0 (FlashAttention-3 makes one dQ a CTA too)
+#   2 "split" the same dS^T_i shared, each consumer makes half of dQ_i's columns over all 128 keys, dS_i K[:, half]
+#             (FlashAttention-3's split at D=128): the accumulator half mode 0's, two reduces of half a tile
+# name -> (BLOCK_M queries a step, STAGES, DQ_BUFS, DQ_MODE, maxnreg, consumer registers, loader registers). Three
+# warpgroups' worth of registers a CTA (the loader warp is allocated a warpgroup's): 3 x 128 x 168 <= 65536, one CTA
+# an SM. Shared memory at D=128: K, V 64 KB, Q, dO 32 KB a stage, dS^T 16 KB (32 shared), dQ 32 KB a buffer a
+# consumer (16 split).
+VARIANTS = {"ws m64 s2 q2": (64, 2, 2, 0, 168, 240, 24), "ws m64 s3 q2": (64, 3, 2, 0, 168, 240, 24),
+            "ws m64 s2 q1": (64, 2, 1, 0, 168, 240, 24),
+            "alt m64 s2 q1": (64, 2, 1, 1, 168, 240, 24), "alt m64 s3 q1": (64, 3, 1, 1, 168, 240, 24),
+            "split m64 s2 q1": (64, 2, 1, 2, 168, 240, 24), "split m64 s2 q2": (64, 2, 2, 2, 168, 240, 24)}
+DEFAULT = {64: ["ws m64 s2 q2", "ws m64 s3 q2", "alt m64 s2 q1", "alt m64 s3 q1"],
+           128: ["split m64 s2 q1", "split m64 s2 q2"]}
 
 
 def log(msg):
@@ -99,15 +112,18 @@ def _bws_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem
 
 @gluon.jit
 def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready,
-                  empty, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
+                  empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
                   WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  DQ_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                  DQ_BUFS: gl.constexpr, DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr):
     """One warpgroup: dK and dV of its 64 keys, and its share of every query tile's dQ."""
     dtype: gl.constexpr = k_smem.dtype
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])        # S^T, dP^T: (64, BM)
     g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])       # dK, dV (64, D); dQ (BM, D)
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if DQ_MODE == 2 else HEAD_DIM
+    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, DQ_COLS, 16])        # dQ (BM, DQ_COLS)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
     col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
     row_t: gl.constexpr = gl.SliceLayout(1, t_layout)
@@ -115,10 +131,10 @@ def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, 
     n0 = start_n + WG * 64
     k_w = k_smem.index(WG)
     v_w = v_smem.index(WG)
-    ds_w = ds_smem.index(WG)
-    # Causal: the query tiles wholly above this warpgroup's keys (consumer 1's first) are handed back unread.
+    # Causal: the query tiles wholly above this warpgroup's keys (consumer 1's first) are handed back unread, where
+    # the consumers' dS^T are their own (mode 0; shared, consumer 0's dQ_i needs consumer 1's zeros).
     n_skip = 0
-    if IS_CAUSAL:
+    if IS_CAUSAL and DQ_MODE == 0:
         n_skip = (n0 - lo) // BLOCK_M
     for i in range(n_skip):
         st = i % STAGES
@@ -127,7 +143,7 @@ def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, 
 
     offs_n = n0 + gl.arange(0, 64, layout=row_t)
     zero_t = gl.zeros([64, BLOCK_M], gl.float32, layout=t_layout)
-    zero_q = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=g_layout)
+    zero_q = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=q_layout)
     dk = gl.zeros([64, HEAD_DIM], gl.float32, layout=g_layout)
     dv = gl.zeros([64, HEAD_DIM], gl.float32, layout=g_layout)
     mbarrier.wait(kv_bar, phase=0)
@@ -150,25 +166,64 @@ def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, 
         dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
         dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
         dst = (pt * (dpt - delta[None, :])).to(dtype)
-        # dS^T to shared memory, every warp's rows written before the warpgroup's dQ product reads them
-        ds_w.store(dst)
-        fence_async_shared()
-        gl.thread_barrier()
-        dst_op = gl.convert_layout(dst, a_layout)
-        dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
-        dq = warpgroup_mma(ds_w.permute((1, 0)), k_w, zero_q, use_acc=False, is_async=True)
-        dk, dv, dq, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq, pt_op, dst_op))
-        # Q_i, dO_i and dS^T_i are read by nothing in flight now: Q_i's buffer back to the loader.
-        mbarrier.arrive(empty.index(buf), count=1)
-        # dQ_i(w), scaled, into the buffer the reduce of DQ_BUFS tiles ago read from: wait for that reduce (the
-        # issuing thread's bulk groups), then for every thread of the warpgroup.
-        dbuf = WG * DQ_BUFS + i % DQ_BUFS
-        tma.store_wait(DQ_BUFS - 1)
-        gl.thread_barrier()
-        dq_smem.index(dbuf).store(dq * sm_scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        tma_reduce_add(dq_desc, [row0 + start_m, 0], dq_smem.index(dbuf))
+        if DQ_MODE == 0:
+            # dS^T to shared memory, every warp's rows written before the warpgroup's dQ product reads them
+            ds_w = ds_smem.index(WG)
+            ds_w.store(dst)
+            fence_async_shared()
+            gl.thread_barrier()
+            dst_op = gl.convert_layout(dst, a_layout)
+            dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
+            dq = warpgroup_mma(ds_w.permute((1, 0)), k_w, zero_q, use_acc=False, is_async=True)
+            dk, dv, dq, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq, pt_op, dst_op))
+            # Q_i, dO_i and dS^T_i are read by nothing in flight now: Q_i's buffer back to the loader.
+            mbarrier.arrive(empty.index(buf), count=1)
+            # dQ_i(w), scaled, into the buffer the reduce of DQ_BUFS tiles ago read from: wait for that reduce (the
+            # issuing thread's bulk groups), then for every thread of the warpgroup.
+            dbuf = WG * DQ_BUFS + i % DQ_BUFS
+            tma.store_wait(DQ_BUFS - 1)
+            gl.thread_barrier()
+            dq_smem.index(dbuf).store(dq * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma_reduce_add(dq_desc, [row0 + start_m, 0], dq_smem.index(dbuf))
+        else:
+            # dS^T_i shared: this consumer's 64 rows into buffer i % 2 once the dQ products of tile i - 2 are done
+            # with it (an mbarrier starts with its phase "1" complete: the first use passes), then said written.
+            b = i % 2
+            u = i // 2
+            mbarrier.wait(ds_free.index(b), (u & 1) ^ 1)
+            ds_smem.index(2 * b + WG).store(dst)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(ds_full.index(b), count=1)
+            dst_op = gl.convert_layout(dst, a_layout)
+            dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
+            # mode 1: consumer i % 2 makes all of dQ_i; mode 2: each consumer its half of the columns
+            if (DQ_MODE == 2) or (b == WG):
+                mbarrier.wait(ds_full.index(b), u & 1)
+                if DQ_MODE == 2:
+                    k0 = k_smem.index(0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+                    k1 = k_smem.index(1).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+                else:
+                    k0 = k_smem.index(0)
+                    k1 = k_smem.index(1)
+                dq = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k0, zero_q, use_acc=False, is_async=True)
+                dq = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)), k1, dq, is_async=True)
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+                mbarrier.arrive(ds_free.index(b), count=1)
+                if DQ_MODE == 2:
+                    dbuf = WG * DQ_BUFS + i % DQ_BUFS
+                else:
+                    dbuf = WG * DQ_BUFS + u % DQ_BUFS
+                tma.store_wait(DQ_BUFS - 1)
+                gl.thread_barrier()
+                dq_smem.index(dbuf).store(dq * sm_scale)
+                fence_async_shared()
+                gl.thread_barrier()
+                tma_reduce_add(dq_desc, [row0 + start_m, WG * DQ_COLS * (DQ_MODE == 2)], dq_smem.index(dbuf))
+            dk, dv, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, pt_op, dst_op))
+            mbarrier.arrive(empty.index(buf), count=1)
     tma.store_wait(0)           # the last reduces have read their shared memory before the CTA leaves
 
     rows = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, g_layout))
@@ -181,7 +236,7 @@ def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, 
 @gluon.jit
 def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, N, sm_scale, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                  DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                   num_warps: gl.constexpr):
     pid = gl.program_id(0)                      # grid (key blocks, B*H): a head's key blocks side by side
     bh = gl.program_id(1)                       # causal: key block 0 sees every query, the heaviest, so it starts first
@@ -194,11 +249,16 @@ def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, 
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, 64, BLOCK_M], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [2 if DQ_MODE == 0 else 4, 64, BLOCK_M], ds_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())     # modes 1, 2
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(ds_full.index(b), count=2)
+        mbarrier.init(ds_free.index(b), count=2 if DQ_MODE == 2 else 1)
     mbarrier.init(kv_bar, count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
@@ -214,11 +274,11 @@ def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, 
     # The argument tuples written out in full: a tuple built by `+` in a kernel drops its constexprs' wrapping.
     gl.warp_specialize([
         (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
-                         ready, empty, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
-                         0, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, IS_CAUSAL)),
+                         ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
+                         0, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
         (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
-                         ready, empty, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
-                         1, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, IS_CAUSAL)),
+                         ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
+                         1, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
         (_bws_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                        row0, start_n, lo, n_tiles, BLOCK_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -243,7 +303,7 @@ def check_inputs(q, k, v, do):
 def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_acc=None):
     """(grid, args, kwargs, dk, dv, dq_acc) of one launch; tensors may be on the CPU (the compile report)."""
     B, H, N, D = q.shape
-    bm, stages, dq_bufs, maxnreg, cregs, lregs = VARIANTS[variant]
+    bm, stages, dq_bufs, dq_mode, maxnreg, cregs, lregs = VARIANTS[variant]
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
     n_layout = gl.NVMMASharedLayout.get_default_for([WG_KEYS, D], gdt)
@@ -254,19 +314,30 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_a
     dk = torch.empty_like(q) if dk is None else dk
     dv = torch.empty_like(q) if dv is None else dv
     dq_acc = torch.zeros(B * H * N, D, device=q.device, dtype=torch.float32) if dq_acc is None else dq_acc
-    dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [bm, D],
-                               gl.NVMMASharedLayout.get_default_for([bm, D], gl.float32))
+    dq_box = [bm, D // 2 if dq_mode == 2 else D]
+    dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), dq_box,
+                               gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32))
     scale = D ** -0.5
-    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, STAGES=stages, DQ_BUFS=dq_bufs, IS_CAUSAL=bool(causal),
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, STAGES=stages, DQ_BUFS=dq_bufs, DQ_MODE=dq_mode, IS_CAUSAL=bool(causal),
                   CONSUMER_REGS=cregs, LOADER_REGS=lregs, num_warps=4, maxnreg=maxnreg)
     args = (*descs, dq_desc, lse, delta, dk, dv, N, scale, scale * LOG2E)
     return (N // (NUM_WG * WG_KEYS), B * H), args, kwargs, dk, dv, dq_acc
 
 
+@functools.cache
+def _step06():
+    from attnlib.loader import load_step
+    return load_step(6, "solutions")
+
+
 def backward(q, k, v, o, lse, do, causal, variant):
-    """(dQ, dK, dV) of one backward: D by PyTorch, the kernel, dQ cast. ``lse``: (B, H, N) natural-log float32."""
+    """(dQ, dK, dV) of one backward: D by step 06's own preprocess kernel, the kernel, dQ cast. ``lse``: (B, H, N)
+    natural-log float32."""
     check_inputs(q, k, v, do)
-    delta = (do.float() * o.float()).sum(-1).contiguous()
+    B, H, N, D = q.shape
+    delta = torch.empty(B * H, N, device=q.device, dtype=torch.float32)
+    _step06()._bwd_preprocess[(triton.cdiv(N, 64), B * H)](o, do, delta, *o.stride(), *do.stride(), H, N,
+                                                           HEAD_DIM=D, BLOCK_M=64, BLOCK_D=D)
     grid, args, kwargs, dk, dv, dq_acc = launch_args(q, k, v, do, lse.contiguous(), delta, causal, variant)
     _gluon_bwd_ws[grid](*args, **kwargs)
     return dq_acc.view(q.shape).to(q.dtype), dk, dv       # scaled in the kernel
