@@ -44,11 +44,14 @@ import torch
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language._core import builtin
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError as e:          # a Triton without Gluon: step 06 keeps its Triton kernel
     from types import SimpleNamespace
     gluon = SimpleNamespace(jit=lambda fn: fn)      # the kernel below is then never launched
+    builtin = lambda fn: fn                         # noqa: E731
     GLUON_MISSING = f"{type(e).__name__}: {e}"
 else:
     GLUON_MISSING = None
@@ -71,6 +74,13 @@ LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the
 DQ_TILES = {128: (64, 64, 2, 4)}
 DQ_MIN_LEN = 4096
 DQ_LAUNCHES = 0                   # how many times ``launch_dq_if_covered`` ran ``_gluon_dq``
+# The one-kernel backward (``_gluon_bwd_ws``, below), by head dim: (BLOCK_M queries a step, STAGES, DQ_BUFS fp32 dQ
+# staging buffers a consumer, DQ_MODE, maxnreg, consumer registers, loader registers); the experiment's best
+# ("alt m64 s2 q1" at D=64, "split m64 s2 q2" at D=128). Three warpgroups' registers a CTA: 3 x 128 x 168 <= 65536.
+# Measured from N=4096 (results/h200/triton/gluon_bwd_ws_1203_r2/), so it starts there; below, the two kernels.
+BWD_TILES = {64: (64, 2, 1, 1, 168, 240, 24), 128: (64, 2, 2, 2, 168, 240, 24)}
+BWD_MIN_LEN = 4096
+BWD_LAUNCHES = 0                  # how many times ``launch_bwd_if_covered`` ran ``_gluon_bwd_ws``
 
 
 def enabled() -> bool:
@@ -386,4 +396,279 @@ def launch_dq_if_covered(q4, k4, v4, do4, lse, delta, dq4, is_causal, scale) -> 
         return False
     launch_dq(q4, k4, v4, do4, lse.contiguous(), delta, dq4, is_causal, scale)
     DQ_LAUNCHES += 1
+    return True
+
+
+# %% The whole backward in one kernel (FlashAttention-3's shape): five products, dQ by the TMA unit's bulk reduce ------
+# bench/experiments/gluon_bwd_ws.py (its header says what each piece was measured to give): step 06's two kernels
+# give the tensor cores seven products a tile (the dQ pass recomputes S and dP); this kernel gives them five. One
+# CTA a (128 keys, batch x head), a head's CTAs side by side in the grid (their dQ adds land in one head's buffer, in
+# L2); ``gl.warp_specialize`` splits it into a loader warp (TMA: K and V once, Q_i and dO_i through a ring) and two
+# consumer warpgroups of 64 keys each (240 registers), which do the dK/dV kernel's order above plus dQ_i = dS_i K:
+# both consumers' dS^T_i go to shared memory, and dQ_i over the CTA's 128 keys is made once (DQ_MODE 1: by consumer
+# i % 2, D=64) or in two column halves (DQ_MODE 2: one a consumer, D=128, where a whole dQ_i's accumulator does not
+# fit beside dK and dV), staged in shared memory as fp32 and added to an fp32 buffer by one
+# ``cp.reduce.async.bulk.tensor ... .add`` (``tma_reduce_add``). DQ_MODE 0 (each consumer adds its own 64 keys'
+# share: twice the adds) is the experiment's first run, kept for it.
+# Measured (H200, bf16, results/h200/triton/gluon_bwd_ws_1203_r2/), the backward alone against step 06's two
+# kernels: D=64 1.09-1.21x (0.93-1.04x cuDNN; the CS336 leaderboard shape 1.12x), D=128 1.05-1.25x except causal
+# N=16384 (0.99x).
+
+
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """Add the shared-memory tile ``src`` into global memory at ``coord`` of ``tensor_desc`` with the TMA unit's bulk
+    reduce (``cp.reduce.async.bulk.tensor ... .add``), one thread issuing for the CTA, as ``tma.async_copy_shared_to_global``
+    stores; ``tma.store_wait`` waits for it. Triton 3.6's Gluon builds this op (``create_async_tma_reduce``, what
+    Triton's own ``desc.atomic_add`` lowers to) but exposes no function for it on Hopper."""
+    from triton._C.libtriton import ir as _ir
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _bws_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+                row0, start_n, lo, n_tiles, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: the CTA's two K and V tiles, then Q_i and dO_i into buffer i % STAGES once both consumers hand it
+    back."""
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    for w in gl.static_range(2):
+        tma.async_copy_global_to_shared(k_desc, [row0 + start_n + w * 64, 0], kv_bar, k_smem.index(w))
+        tma.async_copy_global_to_shared(v_desc, [row0 + start_n + w * 64, 0], kv_bar, v_smem.index(w))
+    qdo_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
+    for i in range(n_tiles):
+        st = i % STAGES
+        # An mbarrier starts with its phase "1" complete: the first round of waits passes at once.
+        mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(st), qdo_bytes)
+        tma.async_copy_global_to_shared(q_desc, [row0 + lo + i * BLOCK_M, 0], ready.index(st), q_smem.index(st))
+        tma.async_copy_global_to_shared(do_desc, [row0 + lo + i * BLOCK_M, 0], ready.index(st), do_smem.index(st))
+
+
+@gluon.jit
+def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready,
+                  empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
+                  WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                  DQ_BUFS: gl.constexpr, DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr):
+    """One warpgroup: dK and dV of its 64 keys, and its share of every query tile's dQ."""
+    dtype: gl.constexpr = k_smem.dtype
+    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])        # S^T, dP^T: (64, BM)
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])       # dK, dV (64, D); dQ (BM, D)
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if DQ_MODE == 2 else HEAD_DIM
+    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, DQ_COLS, 16])        # dQ (BM, DQ_COLS)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
+    row_t: gl.constexpr = gl.SliceLayout(1, t_layout)
+
+    n0 = start_n + WG * 64
+    k_w = k_smem.index(WG)
+    v_w = v_smem.index(WG)
+    # Causal: the query tiles wholly above this warpgroup's keys (consumer 1's first) are handed back unread, where
+    # the consumers' dS^T are their own (mode 0; shared, consumer 0's dQ_i needs consumer 1's zeros).
+    n_skip = 0
+    if IS_CAUSAL and DQ_MODE == 0:
+        n_skip = (n0 - lo) // BLOCK_M
+    for i in range(n_skip):
+        st = i % STAGES
+        mbarrier.wait(ready.index(st), phase=(i // STAGES) & 1)
+        mbarrier.arrive(empty.index(st), count=1)
+
+    offs_n = n0 + gl.arange(0, 64, layout=row_t)
+    zero_t = gl.zeros([64, BLOCK_M], gl.float32, layout=t_layout)
+    zero_q = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=q_layout)
+    dk = gl.zeros([64, HEAD_DIM], gl.float32, layout=g_layout)
+    dv = gl.zeros([64, HEAD_DIM], gl.float32, layout=g_layout)
+    mbarrier.wait(kv_bar, phase=0)
+
+    for i in range(n_skip, n_tiles):
+        buf = i % STAGES
+        start_m = lo + i * BLOCK_M
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_t)
+        lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
+        delta = gl.load(DELTA + row0 + offs_m)
+        mbarrier.wait(ready.index(buf), phase=(i // STAGES) & 1)
+        st = warpgroup_mma(k_w, q_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_w, do_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if IS_CAUSAL:
+            if start_m < n0 + 64:
+                pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
+        dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
+        dst = (pt * (dpt - delta[None, :])).to(dtype)
+        if DQ_MODE == 0:
+            # dS^T to shared memory, every warp's rows written before the warpgroup's dQ product reads them
+            ds_w = ds_smem.index(WG)
+            ds_w.store(dst)
+            fence_async_shared()
+            gl.thread_barrier()
+            dst_op = gl.convert_layout(dst, a_layout)
+            dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
+            dq = warpgroup_mma(ds_w.permute((1, 0)), k_w, zero_q, use_acc=False, is_async=True)
+            dk, dv, dq, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq, pt_op, dst_op))
+            # Q_i, dO_i and dS^T_i are read by nothing in flight now: Q_i's buffer back to the loader.
+            mbarrier.arrive(empty.index(buf), count=1)
+            # dQ_i(w), scaled, into the buffer the reduce of DQ_BUFS tiles ago read from: wait for that reduce (the
+            # issuing thread's bulk groups), then for every thread of the warpgroup.
+            dbuf = WG * DQ_BUFS + i % DQ_BUFS
+            tma.store_wait(DQ_BUFS - 1)
+            gl.thread_barrier()
+            dq_smem.index(dbuf).store(dq * sm_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma_reduce_add(dq_desc, [row0 + start_m, 0], dq_smem.index(dbuf))
+        else:
+            # dS^T_i shared: this consumer's 64 rows into buffer i % 2 once the dQ products of tile i - 2 are done
+            # with it (an mbarrier starts with its phase "1" complete: the first use passes), then said written.
+            b = i % 2
+            u = i // 2
+            mbarrier.wait(ds_free.index(b), (u & 1) ^ 1)
+            ds_smem.index(2 * b + WG).store(dst)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(ds_full.index(b), count=1)
+            dst_op = gl.convert_layout(dst, a_layout)
+            dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
+            # mode 1: consumer i % 2 makes all of dQ_i; mode 2: each consumer its half of the columns
+            if (DQ_MODE == 2) or (b == WG):
+                mbarrier.wait(ds_full.index(b), u & 1)
+                if DQ_MODE == 2:
+                    k0 = k_smem.index(0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+                    k1 = k_smem.index(1).slice(WG * DQ_COLS, DQ_COLS, dim=1)
+                else:
+                    k0 = k_smem.index(0)
+                    k1 = k_smem.index(1)
+                dq = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k0, zero_q, use_acc=False, is_async=True)
+                dq = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)), k1, dq, is_async=True)
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+                mbarrier.arrive(ds_free.index(b), count=1)
+                if DQ_MODE == 2:
+                    dbuf = WG * DQ_BUFS + i % DQ_BUFS
+                else:
+                    dbuf = WG * DQ_BUFS + u % DQ_BUFS
+                tma.store_wait(DQ_BUFS - 1)
+                gl.thread_barrier()
+                dq_smem.index(dbuf).store(dq * sm_scale)
+                fence_async_shared()
+                gl.thread_barrier()
+                tma_reduce_add(dq_desc, [row0 + start_m, WG * DQ_COLS * (DQ_MODE == 2)], dq_smem.index(dbuf))
+            dk, dv, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, pt_op, dst_op))
+            mbarrier.arrive(empty.index(buf), count=1)
+    tma.store_wait(0)           # the last reduces have read their shared memory before the CTA leaves
+
+    rows = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, g_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
+    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
+    gl.store(DK + off, (dk * sm_scale).to(dtype))
+    gl.store(DV + off, dv.to(dtype))
+
+
+@gluon.jit
+def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, N, sm_scale, qk_scale,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
+                  DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                  num_warps: gl.constexpr):
+    pid = gl.program_id(0)                      # grid (key blocks, B*H): a head's key blocks side by side
+    bh = gl.program_id(1)                       # causal: key block 0 sees every query, the heaviest, so it starts first
+    start_n = pid * 128
+    row0 = bh * N
+    dtype: gl.constexpr = q_desc.dtype
+
+    k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2 if DQ_MODE == 0 else 4, 64, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())     # modes 1, 2
+    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(2):
+        mbarrier.init(ds_full.index(b), count=2)
+        mbarrier.init(ds_free.index(b), count=2 if DQ_MODE == 2 else 1)
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)
+
+    # Query tiles [lo, N): causal, from the first tile holding a query >= start_n.
+    if IS_CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+    n_tiles = (N - lo) // BLOCK_M
+
+    # The argument tuples written out in full: a tuple built by `+` in a kernel drops its constexprs' wrapping.
+    gl.warp_specialize([
+        (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
+                         ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
+                         0, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
+        (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
+                         ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
+                         1, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
+        (_bws_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
+                       row0, start_n, lo, n_tiles, BLOCK_M, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+def bwd_not_covered(q4, k4, v4, do4, dq4, is_causal) -> str | None:
+    """Why ``_gluon_bwd_ws`` does not make this backward, or None when it does: the dK/dV kernel's device and shape
+    conditions (``not_covered``), N from ``BWD_MIN_LEN``, dQ a contiguous tensor like q, and not under
+    ``torch.use_deterministic_algorithms(True)`` (the reduces add dQ in any order: its last bits change from run to
+    run, as step 06's atomic modes' do)."""
+    why = not_covered(q4, k4, v4, do4, "separate", is_causal)
+    if why:
+        return why
+    if torch.are_deterministic_algorithms_enabled():
+        return "deterministic algorithms on: the kernel adds dQ by reduces that land in any order"
+    B, H, N, D = q4.shape
+    if N < BWD_MIN_LEN:
+        return f"N={N}: the one-kernel backward was measured from N={BWD_MIN_LEN}"
+    if dq4.shape != q4.shape or dq4.dtype != q4.dtype or not dq4.is_contiguous():
+        return "dQ not a contiguous tensor like q"
+    return None
+
+
+def bwd_launch_args(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scale: float, tiles=None):
+    """(grid, args, kwargs, dq_acc) of one ``_gluon_bwd_ws`` launch (tensors may be on the CPU: the compile
+    checks). ``tiles``: (BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, maxnreg, consumer registers, loader registers), by
+    default ``BWD_TILES[D]``. dq_acc: the zeroed fp32 (B*H*N, D) buffer the kernel adds dQ (scaled) into."""
+    B, H, N, D = q4.shape
+    bm, stages, dq_bufs, dq_mode, maxnreg, cregs, lregs = tiles or BWD_TILES[D]
+    q_desc, k_desc, v_desc, do_desc = descriptors(q4, k4, v4, do4, bm, 64)
+    dq_acc = torch.zeros(B * H * N, D, device=q4.device, dtype=torch.float32)
+    dq_box = [bm, D // 2 if dq_mode == 2 else D]
+    dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), dq_box,
+                               gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32))
+    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, STAGES=stages, DQ_BUFS=dq_bufs, DQ_MODE=dq_mode,
+                  IS_CAUSAL=bool(is_causal), CONSUMER_REGS=cregs, LOADER_REGS=lregs, num_warps=4, maxnreg=maxnreg)
+    args = (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, N, scale, scale * LOG2E)
+    return (N // 128, B * H), args, kwargs, dq_acc
+
+
+def launch_bwd(q4, k4, v4, do4, lse, delta, dq4, dk4, dv4, is_causal: bool, scale: float, tiles=None):
+    """dQ, dK, dV into ``dq4``, ``dk4``, ``dv4`` (contiguous, like q4); ``lse`` and ``delta`` as ``launch`` takes
+    them."""
+    grid, args, kwargs, dq_acc = bwd_launch_args(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, tiles)
+    _gluon_bwd_ws[grid](*args, **kwargs)
+    dq4.copy_(dq_acc.view(q4.shape))            # scaled in the kernel: the cast alone
+
+
+def launch_bwd_if_covered(q4, k4, v4, do4, lse, delta, dq4, dk4, dv4, is_causal, scale) -> bool:
+    """Step 06's hook for its whole backward: run ``_gluon_bwd_ws`` and return True where it applies
+    (``bwd_not_covered``), else False."""
+    global BWD_LAUNCHES
+    if bwd_not_covered(q4, k4, v4, do4, dq4, is_causal) is not None or not (dk4.is_contiguous()
+                                                                            and dv4.is_contiguous()):
+        return False
+    launch_bwd(q4, k4, v4, do4, lse.contiguous(), delta, dq4, dk4, dv4, is_causal, scale)
+    BWD_LAUNCHES += 1
     return True

@@ -135,6 +135,17 @@ def hopper_dq(q4, k4, v4, do4, lse, delta, dq4, is_causal, scale) -> bool:
 from .gluon_dkdv import launch_dq_if_covered as hopper_dq  # noqa: E402,F811  # SOLUTION-ONLY
 
 
+def hopper_bwd(q4, k4, v4, do4, lse, delta, dq4, dk4, dv4, is_causal, scale) -> bool:
+    """Where ``backward`` may hand the whole of dQ, dK and dV to one kernel (its table's choice, no ``config`` or
+    ``dq_mode`` asked for): here none (False), so your two Triton kernels run on every GPU. The course's solution
+    puts a Gluon kernel for Hopper here, FlashAttention-3's shape: five products a tile where your two kernels
+    compute seven, dQ added from the dK/dV loop by the TMA unit's bulk reduce (notebook 06 §11)."""
+    return False
+
+
+from .gluon_dkdv import launch_bwd_if_covered as hopper_bwd  # noqa: E402,F811  # SOLUTION-ONLY
+
+
 # %% 1. D = rowsum(dO * O) -------------------------------------------------------
 
 @triton.jit
@@ -612,6 +623,7 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     BLOCK_M2, BLOCK_N2, num_warps, num_stages; without it, ``fused_config(dkdv, dq)``).
     """
     raise_if_stubbed(_bwd_dkdv_kernel)
+    table_choice = config is None and dq_mode is None       # what ``hopper_bwd`` may take over
     if do.stride(-1) != 1:
         # o.sum().backward() hands us an expanded dO with every stride 0 (CS336's harness does
         # exactly that). The kernels take any strides, but loads along a head dim that is not
@@ -670,6 +682,9 @@ def backward(q, k, v, o, lse, do, is_causal, scale, config=None, dq_mode=None):
     wrap_triton(pre)[(triton.cdiv(nq, bm), B * H)](
         o4, do4, delta, *o4.stride(), *do4.stride(), H, nq,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_D=bd)
+    if table_choice and dq_mode == "separate" and hopper_bwd(q4, k4, v4, do4, lse, delta, dq4, dk4, dv4, is_causal,
+                                                             scale):
+        return dq, dk, dv
     if dq_mode == "fused":
         # One program per key tile and query tile: as many as the longer of the two sequences needs.
         c = cfg.get("fused") or fused_config(cfg["dkdv"], cfg["dq"])

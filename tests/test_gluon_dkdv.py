@@ -223,6 +223,104 @@ def test_step06_backward_routes_dq_through_the_hook(monkeypatch):
     assert len(fake_q.launches) == before, "the Gluon dQ kernel ran at D=64"
 
 
+class _ExactBwd:
+    """Stands in for ``_gluon_bwd_ws`` on a CPU: writes the float64 reference's dK, dV and (scaled, into the fp32
+    buffer the kernel adds to) dQ where the kernel would, and records each launch's grid and options."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk, dv, n, sm_scale, qk_scale, **kw):
+            from attnlib.reference import reference_backward
+            BH, N = lse.shape
+            B, H, _, D = dk.shape
+            assert (B * H, N) == (BH, n) and delta.shape == lse.shape, (lse.shape, delta.shape, dk.shape, n)
+            assert abs(qk_scale - sm_scale * 1.4426950408889634) < 1e-12
+            acc = dq_desc.base
+            assert acc.dtype == torch.float32 and acc.shape == (B * H * N, D) and not acc.any(), "dQ's buffer not zeroed"
+            q, k, v, do = (d.base.view(B, H, N, D) for d in (q_desc, k_desc, v_desc, do_desc))
+            with torch.enable_grad():
+                rdq, rdk, rdv = reference_backward(q, k, v, do, kw["IS_CAUSAL"], scale=sm_scale)
+            acc.copy_(rdq.reshape(B * H * N, D))
+            dk.copy_(rdk)
+            dv.copy_(rdv)
+            self.launches.append((grid, kw))
+        return launch
+
+
+def test_one_kernel_backward_covers_what_was_measured_and_nothing_else(monkeypatch):
+    """``_gluon_bwd_ws`` (FlashAttention-3's shape, five products): what the dK/dV kernel covers, from N=4096 with
+    either mask (measured from there), into a contiguous dQ like q, and never under deterministic algorithms (its
+    reduces add dQ in any order)."""
+    g = _gluon()
+    assert set(g.BWD_TILES) == {64, 128} and g.BWD_MIN_LEN == 4096
+    assert g.BWD_TILES[64][3] == 1 and g.BWD_TILES[128][3] == 2, "D=64 makes dQ_i whole, D=128 in column halves"
+    monkeypatch.setattr(g, "device_reason", lambda q4: None)      # as if on Hopper
+    for d in (64, 128):
+        q = _views((1, 2, 4096, d), torch.bfloat16)
+        for causal in (True, False):
+            assert g.bwd_not_covered(*q, torch.empty_like(q[0]), causal) is None
+    q = _views((1, 2, 4096, 64), torch.bfloat16)
+    for views, dq, why in (
+            (_views((1, 2, 2048, 64), torch.bfloat16), None, "4096"),
+            (_views((1, 2, 4096, 32), torch.bfloat16), None, "D=32"),
+            (q, torch.empty(1, 2, 64, 4096, dtype=torch.bfloat16).transpose(2, 3), "contiguous"),
+            (q, torch.empty_like(q[0], dtype=torch.float16), "contiguous")):
+        dq = torch.empty_like(views[0]) if dq is None else dq
+        reason = g.bwd_not_covered(*views, dq, True)
+        assert reason and why in reason, f"{why}: {reason}"
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    reason = g.bwd_not_covered(*q, torch.empty_like(q[0]), True)
+    assert reason and "deterministic" in reason, reason
+
+
+@pytest.mark.skipif(GPU, reason="the stand-in runs on a CPU")
+def test_step06_backward_routes_the_whole_backward_through_the_hook(monkeypatch):
+    """Step 06's solution with ``_gluon_bwd_ws`` replaced by an exact stand-in and the device check passed: where it
+    covers the inputs and the table chooses (no ``config``, no ``dq_mode``), the backward launches it once, with the
+    grid and tiles of ``BWD_TILES``, keeps what it writes (dQ cast from its fp32 buffer) and runs neither the dK/dV
+    nor the dQ kernel; asked for a mode or a config, or under deterministic algorithms, it never reaches it."""
+    s6, g = _step06_and_gluon()
+    fake, fake_kv, fake_q = _ExactBwd(), _ExactDkdv(), _ExactDq()
+    monkeypatch.setattr(g, "_gluon_bwd_ws", fake)
+    monkeypatch.setattr(g, "_gluon_dkdv", fake_kv)
+    monkeypatch.setattr(g, "_gluon_dq", fake_q)
+    monkeypatch.setattr(g, "device_reason", lambda q4: None)
+    for name in ("BWD_MIN_LEN", "FULL_MIN_LEN", "DQ_MIN_LEN"):
+        monkeypatch.setattr(g, name, 128)                       # sizes the interpreter runs
+    from attnlib.reference import reference_backward
+    for shape, causal in (((1, 2, 128, 64), True), ((2, 128, 128), False)):   # (B, H, N, D) and CS336's (H, N, D)
+        q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=shape[-1], batch_shape=shape[:-2], dtype=torch.float16,
+                           seed=3, requires_grad=True)
+        do = make_dout(q)
+        before = g.BWD_LAUNCHES
+        grads = torch.autograd.grad(s6.attention(q, k, v, is_causal=causal), (q, k, v), do)
+        assert g.BWD_LAUNCHES == before + 1, "step 06's backward did not hand itself to the one-kernel backward"
+        assert not fake_kv.launches and not fake_q.launches, "the dK/dV or dQ kernel ran beside the one kernel"
+        grid, kw = fake.launches[-1]
+        d = shape[-1]
+        bm, stages, dq_bufs, dq_mode, maxnreg, cregs, lregs = g.BWD_TILES[d]
+        assert grid == (128 // 128, q.numel() // (128 * d)), grid
+        assert (kw["BLOCK_M"], kw["STAGES"], kw["DQ_BUFS"], kw["DQ_MODE"], kw["maxnreg"]) == (bm, stages, dq_bufs,
+                                                                                              dq_mode, maxnreg)
+        assert (kw["CONSUMER_REGS"], kw["LOADER_REGS"], kw["IS_CAUSAL"], kw["HEAD_DIM"]) == (cregs, lregs, causal, d)
+        want = reference_backward(q.detach(), k.detach(), v.detach(), do, causal)
+        for name, a, b in zip(("dQ", "dK", "dV"), grads, want):
+            assert_close(a, b, name=f"{shape} causal={causal}: {name} with the stand-in", dtype=torch.float16)
+    q, k, v = make_qkv(Nq=128, Nk=128, D=64, batch_shape=(1, 2), dtype=torch.float16, requires_grad=True)
+    do = make_dout(q)
+    before = len(fake.launches)
+    torch.autograd.grad(s6.attention(q, k, v, is_causal=True, dq_mode="separate"), (q, k, v), do)
+    assert len(fake_kv.launches) == 1, "dq_mode='separate' asked for: the dK/dV kernel should run"
+    o, lse = s6.triton_forward(q.detach(), k.detach(), v.detach(), True, 0.125)
+    s6.backward(q.detach(), k.detach(), v.detach(), o, lse, do, True, 0.125,
+                config=s6.bwd_config(128, 128, 64, q.dtype, True, "cpu", 2))
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
+    assert len(fake.launches) == before, "the one kernel ran with a mode or config asked for, or deterministically"
+
+
 def test_stub_step06_has_no_gluon_path():
     """The stub's step 06 runs the student's Triton kernel on every GPU: the solution's import of the Gluon hook is
     SOLUTION-ONLY, and what stays is the hook that declines."""
@@ -243,6 +341,10 @@ def test_stub_step06_has_no_gluon_path():
     start = stub.index("def hopper_dq(")
     exec(stub[start:stub.index("\n\n\n", start)], ns)
     assert ns["hopper_dq"](*[None] * 9) is False
+    assert "import launch_bwd_if_covered as hopper_bwd" in sol and "launch_bwd_if_covered" not in stub
+    start = stub.index("def hopper_bwd(")
+    exec(stub[start:stub.index("\n\n\n", start)], ns)
+    assert ns["hopper_bwd"](*[None] * 11) is False
 
 
 # %% On a Hopper GPU ------------------------------------------------------------------------------------------------
@@ -255,17 +357,23 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on a
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 1, 128, 64), (2, 3, 384, 64), (1, 4, 2048, 64), (3, 256, 64),
-                                   (2, 3, 384, 128), (1, 2, 4096, 128), (1, 1, 4096, 64)],
+                                   (2, 3, 384, 128), (1, 2, 4096, 128), (1, 1, 4096, 64), (3, 4096, 64)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_hopper_path_gradients(shape, is_causal, dtype):
-    """Step 06's solution on Hopper: where the Gluon kernel covers the inputs (causal at every N, not causal from
-    ``FULL_MIN_LEN``) it runs, and dQ, dK, dV pass the course's float64 check, at one tile, at odd batch x heads, at
-    many tiles, on CS336's (H, N, D) tensors, and at D=128 (causal N=4096: where step 06's table says "atomic_tma"
-    and the path takes "separate" instead); where it does not, step 06's Triton kernel passes the same check."""
+    """Step 06's solution on Hopper: from ``BWD_MIN_LEN`` the one-kernel backward (``_gluon_bwd_ws``) makes dQ, dK
+    and dV alone; below it, where the Gluon dK/dV kernel covers the inputs (causal at every N, not causal from
+    ``FULL_MIN_LEN``) it runs; either way dQ, dK, dV pass the course's float64 check, at one tile, at odd batch x
+    heads, at many tiles, on CS336's (H, N, D) tensors, and at D=128 (causal N=4096: where step 06's table says
+    "atomic_tma"); where neither covers them, step 06's Triton kernels pass the same check."""
     s6, g = _step06_and_gluon()
     q, k, v = make_qkv(Nq=shape[-2], Nk=shape[-2], D=shape[-1], batch_shape=shape[:-2], dtype=dtype, device="cuda")
-    before, dq_before = g.LAUNCHES, g.DQ_LAUNCHES
+    before, dq_before, bwd_before = g.LAUNCHES, g.DQ_LAUNCHES, g.BWD_LAUNCHES
     check_attention(s6.attention, q, k, v, is_causal=is_causal)
+    if shape[-2] >= g.BWD_MIN_LEN:
+        assert g.BWD_LAUNCHES > bwd_before, "step 06's backward did not run the one-kernel backward on Hopper"
+        assert (g.LAUNCHES, g.DQ_LAUNCHES) == (before, dq_before), "a Gluon dK/dV or dQ kernel ran beside it"
+        return
+    assert g.BWD_LAUNCHES == bwd_before, f"the one-kernel backward ran below N={g.BWD_MIN_LEN}"
     if is_causal or shape[-2] >= g.FULL_MIN_LEN:
         assert g.LAUNCHES > before, "step 06's backward did not run the Gluon kernel on Hopper"
     else:
@@ -323,28 +431,61 @@ def test_hopper_path_off_and_fallbacks(monkeypatch):
 @needs_hopper
 def test_hopper_path_takes_separate_over_the_tables_atomic_tma(monkeypatch):
     """D=128, causal, N=4096: step 06's table says ``atomic_tma`` (dQ added inside the Triton dK/dV kernel). On Hopper
-    with the path on, the backward takes "separate" with the Gluon kernel instead (round 5 measured it faster): one
-    launch, dQ bitwise the second pass's. Off, the table's ``atomic_tma`` runs (no launch), and so does it when asked
-    for by name."""
+    with the path on, the backward takes "separate" and hands all of it to the one-kernel backward; asked for
+    "separate" by name, the Gluon dK/dV kernel and the Gluon dQ pass run (round 5 measured them faster than
+    atomic_tma); asked for "atomic_tma", or with the path off, the Triton kernels run. All agree."""
     s6, g = _step06_and_gluon()
     q, k, v = make_qkv(Nq=4096, Nk=4096, D=128, batch_shape=(1, 2), dtype=torch.bfloat16, device="cuda",
                        requires_grad=True)
     do = make_dout(q)
     assert s6.bwd_config(4096, 4096, 128, q.dtype, True, "cuda", 2)["dq_mode"] == "atomic_tma"
-    before, dq_before = g.LAUNCHES, g.DQ_LAUNCHES
+    before, dq_before, bwd_before = g.LAUNCHES, g.DQ_LAUNCHES, g.BWD_LAUNCHES
     on = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
-    assert g.LAUNCHES == before + 1, "the table's atomic_tma ran where the Gluon path takes the inputs"
-    assert g.DQ_LAUNCHES == dq_before + 1, "the second pass was not the Gluon dQ kernel at D=128, N=4096"
+    assert g.BWD_LAUNCHES == bwd_before + 1, "the table's atomic_tma ran where the one-kernel backward takes the inputs"
+    assert (g.LAUNCHES, g.DQ_LAUNCHES) == (before, dq_before), "a Gluon dK/dV or dQ kernel ran beside the one kernel"
     sep = torch.autograd.grad(s6.attention(q, k, v, is_causal=True, dq_mode="separate"), (q, k, v), do)
-    assert torch.equal(on[0], sep[0]), "dQ with the Gluon path is not the second pass's"
-    before = g.LAUNCHES
+    assert (g.LAUNCHES, g.DQ_LAUNCHES) == (before + 1, dq_before + 1), \
+        "dq_mode='separate' asked for: the Gluon dK/dV kernel and the Gluon dQ pass should run"
     s6.attention(q, k, v, is_causal=True, dq_mode="atomic_tma").sum().backward()
     monkeypatch.setenv("ATTN_GLUON_DKDV", "0")
     off = torch.autograd.grad(s6.attention(q, k, v, is_causal=True), (q, k, v), do)
-    assert g.LAUNCHES == before, "the Gluon kernel ran with dq_mode='atomic_tma' asked for, or with the path off"
-    assert g.DQ_LAUNCHES == dq_before + 2, "the Gluon dQ kernel ran with atomic_tma asked for, or with the path off"
-    for name, a, b in zip(("dQ", "dK", "dV"), on, off):
-        assert_close(a, b, name=f"{name}: Gluon path + second pass against atomic_tma", dtype=torch.bfloat16)
+    assert (g.LAUNCHES, g.DQ_LAUNCHES, g.BWD_LAUNCHES) == (before + 1, dq_before + 1, bwd_before + 1), \
+        "a Gluon kernel ran with dq_mode='atomic_tma' asked for, or with the path off"
+    for name, a, b, c in zip(("dQ", "dK", "dV"), on, sep, off):
+        assert_close(a, b, name=f"{name}: one kernel against the two Gluon kernels", dtype=torch.bfloat16)
+        assert_close(a, c, name=f"{name}: one kernel against atomic_tma", dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_one_kernel_backward_inside_torch_compile_and_deterministic_mode():
+    """As CS336's leaderboard calls it, at a length the one-kernel backward covers: ``torch.compile(apply)``, (H, N,
+    D) bf16, causal, ``o.sum().backward()``: it runs inside the compiled model, dK and dV the same bits every run
+    (each CTA owns its keys), dQ (added by reduces in any order) close. Under ``torch.use_deterministic_algorithms``
+    it does not run, and the two kernels give the same gradients."""
+    s6, g = _step06_and_gluon()
+    q, k, v = make_qkv(Nq=4096, Nk=4096, D=64, batch_shape=(4,), dtype=torch.bfloat16, device="cuda",
+                       requires_grad=True)
+    f = torch.compile(s6.FlashAttentionTriton.apply)
+    runs = []
+    for _ in range(2):
+        before = g.BWD_LAUNCHES
+        f(q, k, v, True).sum().backward()
+        assert g.BWD_LAUNCHES == before + 1, "the compiled step 06 did not run the one-kernel backward"
+        runs.append([t.grad.clone() for t in (q, k, v)])
+        for t in (q, k, v):
+            t.grad = None
+    assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2]), "dK or dV not repeatable"
+    torch.use_deterministic_algorithms(True)
+    try:
+        before = g.BWD_LAUNCHES
+        s6.attention(q, k, v, is_causal=True).sum().backward()
+        assert g.BWD_LAUNCHES == before, "the one-kernel backward ran under deterministic algorithms"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for name, a, t in zip(("dQ", "dK", "dV"), runs[0], (q, k, v)):
+        assert_close(a, t.grad, name=f"{name}: compiled one kernel against the deterministic two kernels",
+                     dtype=torch.bfloat16)
 
 
 def test_kernel_is_not_given_to_students(tmp_path):

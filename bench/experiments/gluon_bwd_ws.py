@@ -53,20 +53,17 @@ sys.path.insert(0, str(ROOT / "bench" / "experiments"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from bench.experiments import gpu_run  # noqa: E402
-from gluon_dkdv_dq import step06_backward, tma_reduce_add  # noqa: E402
+from gluon_dkdv_dq import step06_backward  # noqa: E402
+# The kernel is step 06's since its second run: solutions/gluon_dkdv.py, which step 06's solution launches on Hopper
+# (``BWD_TILES``: this experiment's best variants).
+from solutions.gluon_dkdv import _gluon_bwd_ws, bwd_launch_args  # noqa: E402
 
 REC = gpu_run.Record("gluon_bwd_ws")
 T0 = time.time()
 LOG2E = 1.4426950408889634
-WG_KEYS = 64          # keys a consumer warpgroup owns (one m64 wgmma for S^T, dP^T, dK, dV)
-NUM_WG = 2            # consumer warpgroups: 128 keys a CTA
 # How a CTA's dQ_i is made (DQ_MODE):
 #   0 "ws"    each consumer its share over its own 64 keys, dQ_i(w) = dS_i(w) K(w) (BLOCK_M x D), and adds it: two
 #             bulk reduces a CTA a query tile
@@ -91,199 +88,6 @@ def log(msg):
     REC.log(f"[{time.time() - T0:6.1f}s] {msg}")
 
 
-@gluon.jit
-def _bws_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                row0, start_n, lo, n_tiles, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: the CTA's two K and V tiles, then Q_i and dO_i into buffer i % STAGES once both consumers hand it
-    back."""
-    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-    for w in gl.static_range(2):
-        tma.async_copy_global_to_shared(k_desc, [row0 + start_n + w * 64, 0], kv_bar, k_smem.index(w))
-        tma.async_copy_global_to_shared(v_desc, [row0 + start_n + w * 64, 0], kv_bar, v_smem.index(w))
-    qdo_bytes: gl.constexpr = 2 * q_desc.block_type.nbytes
-    for i in range(n_tiles):
-        st = i % STAGES
-        # An mbarrier starts with its phase "1" complete: the first round of waits passes at once.
-        mbarrier.wait(empty.index(st), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(st), qdo_bytes)
-        tma.async_copy_global_to_shared(q_desc, [row0 + lo + i * BLOCK_M, 0], ready.index(st), q_smem.index(st))
-        tma.async_copy_global_to_shared(do_desc, [row0 + lo + i * BLOCK_M, 0], ready.index(st), do_smem.index(st))
-
-
-@gluon.jit
-def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready,
-                  empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
-                  WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  DQ_BUFS: gl.constexpr, DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr):
-    """One warpgroup: dK and dV of its 64 keys, and its share of every query tile's dQ."""
-    dtype: gl.constexpr = k_smem.dtype
-    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])        # S^T, dP^T: (64, BM)
-    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])       # dK, dV (64, D); dQ (BM, D)
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if DQ_MODE == 2 else HEAD_DIM
-    q_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, DQ_COLS, 16])        # dQ (BM, DQ_COLS)
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
-    col_t: gl.constexpr = gl.SliceLayout(0, t_layout)
-    row_t: gl.constexpr = gl.SliceLayout(1, t_layout)
-
-    n0 = start_n + WG * 64
-    k_w = k_smem.index(WG)
-    v_w = v_smem.index(WG)
-    # Causal: the query tiles wholly above this warpgroup's keys (consumer 1's first) are handed back unread, where
-    # the consumers' dS^T are their own (mode 0; shared, consumer 0's dQ_i needs consumer 1's zeros).
-    n_skip = 0
-    if IS_CAUSAL and DQ_MODE == 0:
-        n_skip = (n0 - lo) // BLOCK_M
-    for i in range(n_skip):
-        st = i % STAGES
-        mbarrier.wait(ready.index(st), phase=(i // STAGES) & 1)
-        mbarrier.arrive(empty.index(st), count=1)
-
-    offs_n = n0 + gl.arange(0, 64, layout=row_t)
-    zero_t = gl.zeros([64, BLOCK_M], gl.float32, layout=t_layout)
-    zero_q = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=q_layout)
-    dk = gl.zeros([64, HEAD_DIM], gl.float32, layout=g_layout)
-    dv = gl.zeros([64, HEAD_DIM], gl.float32, layout=g_layout)
-    mbarrier.wait(kv_bar, phase=0)
-
-    for i in range(n_skip, n_tiles):
-        buf = i % STAGES
-        start_m = lo + i * BLOCK_M
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_t)
-        lse2 = gl.load(LSE + row0 + offs_m) * 1.4426950408889634
-        delta = gl.load(DELTA + row0 + offs_m)
-        mbarrier.wait(ready.index(buf), phase=(i // STAGES) & 1)
-        st = warpgroup_mma(k_w, q_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_w, do_smem.index(buf).permute((1, 0)), zero_t, use_acc=False, is_async=True)
-        st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
-        pt = gl.exp2(st * qk_scale - lse2[None, :])
-        if IS_CAUSAL:
-            if start_m < n0 + 64:
-                pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
-        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
-        dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
-        dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
-        dst = (pt * (dpt - delta[None, :])).to(dtype)
-        if DQ_MODE == 0:
-            # dS^T to shared memory, every warp's rows written before the warpgroup's dQ product reads them
-            ds_w = ds_smem.index(WG)
-            ds_w.store(dst)
-            fence_async_shared()
-            gl.thread_barrier()
-            dst_op = gl.convert_layout(dst, a_layout)
-            dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
-            dq = warpgroup_mma(ds_w.permute((1, 0)), k_w, zero_q, use_acc=False, is_async=True)
-            dk, dv, dq, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, dq, pt_op, dst_op))
-            # Q_i, dO_i and dS^T_i are read by nothing in flight now: Q_i's buffer back to the loader.
-            mbarrier.arrive(empty.index(buf), count=1)
-            # dQ_i(w), scaled, into the buffer the reduce of DQ_BUFS tiles ago read from: wait for that reduce (the
-            # issuing thread's bulk groups), then for every thread of the warpgroup.
-            dbuf = WG * DQ_BUFS + i % DQ_BUFS
-            tma.store_wait(DQ_BUFS - 1)
-            gl.thread_barrier()
-            dq_smem.index(dbuf).store(dq * sm_scale)
-            fence_async_shared()
-            gl.thread_barrier()
-            tma_reduce_add(dq_desc, [row0 + start_m, 0], dq_smem.index(dbuf))
-        else:
-            # dS^T_i shared: this consumer's 64 rows into buffer i % 2 once the dQ products of tile i - 2 are done
-            # with it (an mbarrier starts with its phase "1" complete: the first use passes), then said written.
-            b = i % 2
-            u = i // 2
-            mbarrier.wait(ds_free.index(b), (u & 1) ^ 1)
-            ds_smem.index(2 * b + WG).store(dst)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(ds_full.index(b), count=1)
-            dst_op = gl.convert_layout(dst, a_layout)
-            dk = warpgroup_mma(dst_op, q_smem.index(buf), dk, is_async=True)
-            # mode 1: consumer i % 2 makes all of dQ_i; mode 2: each consumer its half of the columns
-            if (DQ_MODE == 2) or (b == WG):
-                mbarrier.wait(ds_full.index(b), u & 1)
-                if DQ_MODE == 2:
-                    k0 = k_smem.index(0).slice(WG * DQ_COLS, DQ_COLS, dim=1)
-                    k1 = k_smem.index(1).slice(WG * DQ_COLS, DQ_COLS, dim=1)
-                else:
-                    k0 = k_smem.index(0)
-                    k1 = k_smem.index(1)
-                dq = warpgroup_mma(ds_smem.index(2 * b).permute((1, 0)), k0, zero_q, use_acc=False, is_async=True)
-                dq = warpgroup_mma(ds_smem.index(2 * b + 1).permute((1, 0)), k1, dq, is_async=True)
-                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
-                mbarrier.arrive(ds_free.index(b), count=1)
-                if DQ_MODE == 2:
-                    dbuf = WG * DQ_BUFS + i % DQ_BUFS
-                else:
-                    dbuf = WG * DQ_BUFS + u % DQ_BUFS
-                tma.store_wait(DQ_BUFS - 1)
-                gl.thread_barrier()
-                dq_smem.index(dbuf).store(dq * sm_scale)
-                fence_async_shared()
-                gl.thread_barrier()
-                tma_reduce_add(dq_desc, [row0 + start_m, WG * DQ_COLS * (DQ_MODE == 2)], dq_smem.index(dbuf))
-            dk, dv, pt_op, dst_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, pt_op, dst_op))
-            mbarrier.arrive(empty.index(buf), count=1)
-    tma.store_wait(0)           # the last reduces have read their shared memory before the CTA leaves
-
-    rows = n0 + gl.arange(0, 64, layout=gl.SliceLayout(1, g_layout))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, g_layout))
-    off = (row0 + rows)[:, None].to(gl.int64) * HEAD_DIM + cols[None, :]
-    gl.store(DK + off, (dk * sm_scale).to(dtype))
-    gl.store(DV + off, dv.to(dtype))
-
-
-@gluon.jit
-def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, N, sm_scale, qk_scale,
-                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-                  DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                  num_warps: gl.constexpr):
-    pid = gl.program_id(0)                      # grid (key blocks, B*H): a head's key blocks side by side
-    bh = gl.program_id(1)                       # causal: key block 0 sees every query, the heaviest, so it starts first
-    start_n = pid * 128
-    row0 = bh * N
-    dtype: gl.constexpr = q_desc.dtype
-
-    k_smem = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [2 if DQ_MODE == 0 else 4, 64, BLOCK_M], ds_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())     # modes 1, 2
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(2):
-        mbarrier.init(ds_full.index(b), count=2)
-        mbarrier.init(ds_free.index(b), count=2 if DQ_MODE == 2 else 1)
-    mbarrier.init(kv_bar, count=1)
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)
-
-    # Query tiles [lo, N): causal, from the first tile holding a query >= start_n.
-    if IS_CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-    n_tiles = (N - lo) // BLOCK_M
-
-    # The argument tuples written out in full: a tuple built by `+` in a kernel drops its constexprs' wrapping.
-    gl.warp_specialize([
-        (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
-                         ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
-                         0, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
-        (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
-                         ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
-                         1, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
-        (_bws_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                       row0, start_n, lo, n_tiles, BLOCK_M, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-
-
 # %% Host -----------------------------------------------------------------------------------------------------
 
 def check_inputs(q, k, v, do):
@@ -300,28 +104,14 @@ def check_inputs(q, k, v, do):
         raise ValueError("gluon_bwd_ws takes contiguous (B, H, N, D) q, k, v, dO")
 
 
-def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None, dq_acc=None):
-    """(grid, args, kwargs, dk, dv, dq_acc) of one launch; tensors may be on the CPU (the compile report)."""
-    B, H, N, D = q.shape
-    bm, stages, dq_bufs, dq_mode, maxnreg, cregs, lregs = VARIANTS[variant]
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    m_layout = gl.NVMMASharedLayout.get_default_for([bm, D], gdt)
-    n_layout = gl.NVMMASharedLayout.get_default_for([WG_KEYS, D], gdt)
-    descs = []
-    for t, box, lay in ((q, bm, m_layout), (k, WG_KEYS, n_layout), (v, WG_KEYS, n_layout), (do, bm, m_layout)):
-        t2 = t.view(B * H * N, D)
-        descs.append(TensorDescriptor(t2, list(t2.shape), list(t2.stride()), [box, D], lay))
+def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None):
+    """(grid, args, kwargs, dk, dv, dq_acc) of one launch of the solution's kernel with ``variant``'s tiles; tensors
+    may be on the CPU (the compile report)."""
     dk = torch.empty_like(q) if dk is None else dk
     dv = torch.empty_like(q) if dv is None else dv
-    dq_acc = torch.zeros(B * H * N, D, device=q.device, dtype=torch.float32) if dq_acc is None else dq_acc
-    dq_box = [bm, D // 2 if dq_mode == 2 else D]
-    dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), dq_box,
-                               gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32))
-    scale = D ** -0.5
-    kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, STAGES=stages, DQ_BUFS=dq_bufs, DQ_MODE=dq_mode, IS_CAUSAL=bool(causal),
-                  CONSUMER_REGS=cregs, LOADER_REGS=lregs, num_warps=4, maxnreg=maxnreg)
-    args = (*descs, dq_desc, lse, delta, dk, dv, N, scale, scale * LOG2E)
-    return (N // (NUM_WG * WG_KEYS), B * H), args, kwargs, dk, dv, dq_acc
+    grid, args, kwargs, dq_acc = bwd_launch_args(q, k, v, do, lse, delta, dk, dv, causal, q.shape[-1] ** -0.5,
+                                                 tiles=VARIANTS[variant])
+    return grid, args, kwargs, dk, dv, dq_acc
 
 
 @functools.cache
@@ -371,11 +161,13 @@ def report(variant: str, d: int, causal: bool) -> dict:
             "smem_kb": ck.metadata.shared // 1024}
 
 
-def aot_check(names, dims) -> int:
+def aot_check(names_by_d) -> int:
+    """Compile every ``names_by_d[D]`` variant for sm_90a (a name written "NAME@causal" or "NAME@full": that mask
+    alone) and print ``report``'s figures, the last line all of them as JSON."""
     rows, failures = {}, 0
-    for name in names:
-        name, _, own_mask = name.partition("@")      # "NAME@causal" / "NAME@full": that mask alone
-        for d in dims:
+    for d, names in names_by_d.items():
+        for name in names:
+            name, _, own_mask = name.partition("@")
             for causal in ((own_mask == "causal",) if own_mask else (True, False)):
                 key = f"{name} D{d} {'causal' if causal else 'full'}"
                 try:
@@ -422,12 +214,12 @@ def correctness(names_by_d) -> dict:
     return {"rows": rows, "wrong": wrong}
 
 
-def timing(names_by_d, budget_s: float) -> dict:
+def timing(names_by_d, budget_s: float, lengths=(4096, 8192, 16384), leaderboard=True) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    shapes = [("leaderboard", 1, 16, 16384, 64, True)]
+    shapes = [("leaderboard", 1, 16, 16384, 64, True)] if leaderboard else []
     shapes += [("grid", 16384 // n, 2048 // d, n, d, c) for d in (64, 128) for c in (True, False)
-               for n in (4096, 8192, 16384)]
+               for n in lengths]
     out = []
     for label, b, h, n, d, causal in shapes:
         names = names_by_d[d]
@@ -467,13 +259,15 @@ def main():
     ap.add_argument("--variants64", default=None, help=f"comma-separated, of {', '.join(VARIANTS)} (D=64)")
     ap.add_argument("--variants128", default=None, help="the same for D=128 ('' for none)")
     ap.add_argument("--budget-s", type=float, default=150)
+    ap.add_argument("--lengths", default="4096,8192,16384", help="N of FlashAttention's grid timed (B = 16384/N)")
+    ap.add_argument("--no-leaderboard", action="store_true", help="not the CS336 leaderboard shape")
     args = ap.parse_args()
     names_by_d = {d: (DEFAULT[d] if a is None else [x for x in a.split(",") if x])
                   for d, a in ((64, args.variants64), (128, args.variants128))}
     if unknown := [x for d in names_by_d for x in names_by_d[d] if x.partition("@")[0] not in VARIANTS]:
         ap.error(f"unknown variants {unknown}")
     if args.aot_check:
-        return max(aot_check(names_by_d[d], (d,)) for d in (64, 128) if names_by_d[d])
+        return aot_check(names_by_d)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         ap.error("a Hopper GPU (or --aot-check)")
     if args.out is None:
@@ -490,7 +284,8 @@ def main():
              for d in (64, 128)}
     log(f"timing the variants right in every case: {right}")
     if any(right.values()):
-        REC.part("2 timing")(lambda: timing(right, args.budget_s))()
+        lengths = tuple(int(x) for x in args.lengths.split(","))
+        REC.part("2 timing")(lambda: timing(right, args.budget_s, lengths, not args.no_leaderboard))()
     log(f"wrote {REC.json_path}")
     return 0 if all(right[d] or not names_by_d[d] for d in (64, 128)) else 1
 
