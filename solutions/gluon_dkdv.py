@@ -32,6 +32,13 @@ cores, then dQ += dS K): 1.04-1.17x step 06's Triton dQ kernel there at N 4096-1
 backward 1.02-1.06x the better of two runs of step 06's, except at N=4096 without a mask (0.95x, where those two runs
 differ by 5%); at D=64 it ran 0.88-0.97x the Triton kernel, which keeps that head dim (bench/experiments/gluon_dq.py, results/h200/triton/gluon_dq_1203/).
 
+From N=4096, where step 06's table chooses (no ``config``, no ``dq_mode`` asked for) and deterministic algorithms are
+off, neither of the two kernels above runs: the whole backward is one warp-specialized kernel, ``_gluon_bwd_ws``
+(below: FlashAttention-3's shape, five products where the two kernels compute seven, dQ added by the TMA unit's bulk
+reduce), 1.09-1.21x the two kernels at D=64 and 1.05-1.25x at D=128 but causal N=16384 (0.99x), taking step 06's
+forward + backward to 0.94-1.05x cuDNN at D=64 and 0.86-0.98x at D=128 (bench/experiments/gluon_bwd_ws.py,
+results/h200/triton/gluon_bwd_ws_1203_r2/, results/h200/grid_1204/).
+
 Your step 06 (``steps/``) does not call this file: its backward runs the Triton kernels you write, on every GPU.
 """
 

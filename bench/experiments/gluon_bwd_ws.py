@@ -32,7 +32,17 @@ H = 2048/D) at N 4096, 8192, 16384, D 64 and 128, causal and not.
     python bench/experiments/gluon_bwd_ws.py --aot-check   # no GPU: compile for sm_90a, registers, spills, waits
 (not under TRITON_INTERPRET=1: Gluon has no interpreter)
 
-Answer: not yet run on a GPU.
+Answer: **yes, with one dQ a CTA.** Two runs on one H200, 2026-12-03 23:41 and 23:49 UTC (bdb33f0, 02f2a52;
+results/h200/triton/gluon_bwd_ws_1203/, gluon_bwd_ws_1203_r2/), every variant right (step 06's errors to the digit
+against float64, dK and dV repeatable). Mode 0 ("ws", each consumer adding its own share over 64 keys: two reduces a
+CTA a query tile) ran 0.91-1.06x step 06's backward at D=64 (D by PyTorch in that run) and 1.00-1.09x with step 06's
+preprocess; mode 1 ("alt": both consumers' dS^T shared, consumer i % 2 making dQ_i over the CTA's 128 keys, one reduce)
+**1.09-1.21x step 06 and 0.93-1.04x cuDNN at D=64** (the leaderboard shape 3.222 ms against 3.622 and cuDNN's 3.153:
+1.12x and 0.98x); mode 2 ("split", D=128: each consumer half of dQ_i's columns) with two dQ buffers 1.05-1.25x step 06
+but 0.99x at causal N=16384, 0.81-0.94x cuDNN, one dQ buffer 0.92-0.94x causal. At D=128 the consumers spill (28-216 B
+a thread, causal the most; not serialized). Step 06's solution runs "alt m64 s2 q1" (D=64) and "split m64 s2 q2"
+(D=128) from N=4096 since ca58451 (``BWD_TILES``, ``hopper_bwd``); at N 1024 and 2048 they ran 1.06-1.27x (2026-12-04
+00:05 UTC, results/h200/triton/gluon_bwd_ws_1204_short/), not shipped there yet.
 """
 
 from __future__ import annotations

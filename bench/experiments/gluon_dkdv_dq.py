@@ -63,6 +63,13 @@ variant right (step 06's errors to the digit). The bulk reduce beats round 1's a
 best tile 0.91x at the leaderboard shape (4.034 ms against 3.653; cuDNN 3.196), 0.75-0.91x causal and 0.77-0.90x not
 over N 4096-16384. The adds were part of round 1's loss, not all of it; the rest is not profiled (141 registers:
 three programs an SM where step 06's dK/dV kernel runs four). Step 06 keeps its two kernels.
+
+Round 3 (``--round 3``): round 2's kernels with the grid turned round (``KEY_FIRST``): a head's key tiles side by side,
+so the programs resident together add into one head's dQ buffer and read one head's Q and dO, where heads first they
+add into the whole buffer (134 MB at D=64 on FlashAttention's grid) against a 50 MB L2.
+Answer: **it pays, not enough.** One H200, 2026-12-03 23:42 UTC (bdb33f0; results/h200/triton/gluon_dkdv_dq_1203_round3/):
+1.03-1.21x the same kernel heads first (the most at N=4096, 128 heads), but 0.85-0.93x step 06's two kernels. The
+rest is the one-warpgroup shape; ``gluon_bwd_ws.py`` (FlashAttention-3's shape) is what wins.
 """
 
 from __future__ import annotations
