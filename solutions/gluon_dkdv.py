@@ -456,7 +456,8 @@ def _bws_loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem
 def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready,
                   empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
                   WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                  DQ_BUFS: gl.constexpr, DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr):
+                  DQ_BUFS: gl.constexpr, DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                  LOCAL_MASK: gl.constexpr = False, DS_FIRST: gl.constexpr = False):
     """One warpgroup: dK and dV of its 64 keys, and its share of every query tile's dQ."""
     dtype: gl.constexpr = k_smem.dtype
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -503,11 +504,24 @@ def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, 
         pt = gl.exp2(st * qk_scale - lse2[None, :])
         if IS_CAUSAL:
             if start_m < n0 + 64:
-                pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
-        pt_op = gl.convert_layout(pt.to(dtype), a_layout)
-        dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
-        dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
-        dst = (pt * (dpt - delta[None, :])).to(dtype)
+                if LOCAL_MASK:
+                    # key n0 + r <= query start_m + c, in the tile's own indices (the experiment's variant: fewer
+                    # registers under the mask, ptxas says, than the global offsets)
+                    pt = gl.where(gl.arange(0, 64, layout=row_t)[:, None]
+                                  <= gl.arange(0, BLOCK_M, layout=col_t)[None, :] + (start_m - n0), pt, 0.0)
+                else:
+                    pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
+        if DS_FIRST:
+            # FlashAttention-3's order (the experiment's variant): dS^T before dV is issued
+            dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
+            dst = (pt * (dpt - delta[None, :])).to(dtype)
+            pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+            dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
+        else:
+            pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+            dv = warpgroup_mma(pt_op, do_smem.index(buf), dv, is_async=True)
+            dpt, pt_op = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, pt_op))
+            dst = (pt * (dpt - delta[None, :])).to(dtype)
         if DQ_MODE == 0:
             # dS^T to shared memory, every warp's rows written before the warpgroup's dQ product reads them
             ds_w = ds_smem.index(WG)
@@ -579,7 +593,8 @@ def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, 
 def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, N, sm_scale, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
                   DQ_MODE: gl.constexpr, IS_CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  num_warps: gl.constexpr, LOCAL_MASK: gl.constexpr = False,
+                  DS_FIRST: gl.constexpr = False):
     pid = gl.program_id(0)                      # grid (key blocks, B*H): a head's key blocks side by side
     bh = gl.program_id(1)                       # causal: key block 0 sees every query, the heaviest, so it starts first
     start_n = pid * 128
@@ -617,10 +632,10 @@ def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, 
     gl.warp_specialize([
         (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
                          ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
-                         0, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
+                         0, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL, LOCAL_MASK, DS_FIRST)),
         (_bws_consumer, (LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar,
                          ready, empty, ds_full, ds_free, bh, row0, start_n, lo, n_tiles, sm_scale, qk_scale,
-                         1, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL)),
+                         1, HEAD_DIM, BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, IS_CAUSAL, LOCAL_MASK, DS_FIRST)),
         (_bws_loader, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
                        row0, start_n, lo, n_tiles, BLOCK_M, STAGES)),
     ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -43,6 +43,15 @@ but 0.99x at causal N=16384, 0.81-0.94x cuDNN, one dQ buffer 0.92-0.94x causal. 
 a thread, causal the most; not serialized). Step 06's solution runs "alt m64 s2 q1" (D=64) and "split m64 s2 q2"
 (D=128) from N=4096 since ca58451 (``BWD_TILES``, ``hopper_bwd``); at N 1024 and 2048 they ran 1.06-1.27x (2026-12-04
 00:05 UTC, results/h200/triton/gluon_bwd_ws_1204_short/), not shipped there yet.
+
+Round 3 (``--round 3``, written 2026-12-04, not yet run on a GPU): the one target cell still missed is D=128 causal
+N=4096 (0.874x cuDNN forward + backward, results/h200/issue17_targets_1204/), and at D=128 the consumers spill under a
+causal mask: ptxas (sm_90a) 176 B stored a thread, 28 without a mask. Removing the mask's code takes it to 12, so the
+mask is most of it. Two switches of the solution's kernel, off as it ships (its PTX unchanged, debug lines aside, in
+all eight builds of modes 0-2 at D 64 and 128, causal and not): ``LOCAL_MASK`` (the mask from the tile's own indices,
+key n0 + r <= query start_m + c as r <= c + start_m - n0: 92 B) and ``DS_FIRST`` (dS^T computed before dV is issued,
+FlashAttention-3's order: with LOCAL_MASK 72 B). Do they pay at D=128 causal, and cost nothing at D=64?
+    python bench/experiments/gluon_bwd_ws.py --round 3 --out DIR
 """
 
 from __future__ import annotations
@@ -89,7 +98,18 @@ LOG2E = 1.4426950408889634
 VARIANTS = {"ws m64 s2 q2": (64, 2, 2, 0, 168, 240, 24), "ws m64 s3 q2": (64, 3, 2, 0, 168, 240, 24),
             "ws m64 s2 q1": (64, 2, 1, 0, 168, 240, 24),
             "alt m64 s2 q1": (64, 2, 1, 1, 168, 240, 24), "alt m64 s3 q1": (64, 3, 1, 1, 168, 240, 24),
-            "split m64 s2 q1": (64, 2, 1, 2, 168, 240, 24), "split m64 s2 q2": (64, 2, 2, 2, 168, 240, 24)}
+            "split m64 s2 q1": (64, 2, 1, 2, 168, 240, 24), "split m64 s2 q2": (64, 2, 2, 2, 168, 240, 24),
+            # Round 3 (not yet run on a GPU): the shipped tiles with the kernel's two switches, a dict after the tiles.
+            # LOCAL_MASK: the causal mask from the tile's own indices (key n0 + r <= query start_m + c as
+            # r <= c + start_m - n0) instead of global offsets; DS_FIRST: dS^T computed before dV is issued
+            # (FlashAttention-3's order). ptxas (sm_90a, --aot-check) at D=128 causal: 176 B spilled a thread as
+            # shipped, 92 with LOCAL_MASK, 72 with both (without a mask 28 in every form); D=64 none in any.
+            "split m64 s2 q2 lm": (64, 2, 2, 2, 168, 240, 24, {"LOCAL_MASK": True}),
+            "split m64 s2 q2 lm ds": (64, 2, 2, 2, 168, 240, 24, {"LOCAL_MASK": True, "DS_FIRST": True}),
+            "alt m64 s2 q1 lm": (64, 2, 1, 1, 168, 240, 24, {"LOCAL_MASK": True}),
+            "alt m64 s2 q1 lm ds": (64, 2, 1, 1, 168, 240, 24, {"LOCAL_MASK": True, "DS_FIRST": True})}
+ROUND3 = {64: ["alt m64 s2 q1", "alt m64 s2 q1 lm", "alt m64 s2 q1 lm ds"],
+          128: ["split m64 s2 q2", "split m64 s2 q2 lm", "split m64 s2 q2 lm ds"]}
 DEFAULT = {64: ["ws m64 s2 q2", "ws m64 s3 q2", "alt m64 s2 q1", "alt m64 s3 q1"],
            128: ["split m64 s2 q1", "split m64 s2 q2"]}
 
@@ -119,9 +139,10 @@ def launch_args(q, k, v, do, lse, delta, causal, variant, dk=None, dv=None):
     may be on the CPU (the compile report)."""
     dk = torch.empty_like(q) if dk is None else dk
     dv = torch.empty_like(q) if dv is None else dv
+    tiles, switches = VARIANTS[variant][:7], (VARIANTS[variant][7:] or [{}])[0]
     grid, args, kwargs, dq_acc = bwd_launch_args(q, k, v, do, lse, delta, dk, dv, causal, q.shape[-1] ** -0.5,
-                                                 tiles=VARIANTS[variant])
-    return grid, args, kwargs, dk, dv, dq_acc
+                                                 tiles=tiles)
+    return grid, args, {**kwargs, **switches}, dk, dv, dq_acc
 
 
 @functools.cache
@@ -271,8 +292,11 @@ def main():
     ap.add_argument("--budget-s", type=float, default=150)
     ap.add_argument("--lengths", default="4096,8192,16384", help="N of FlashAttention's grid timed (B = 16384/N)")
     ap.add_argument("--no-leaderboard", action="store_true", help="not the CS336 leaderboard shape")
+    ap.add_argument("--round", type=int, default=1, choices=(1, 3),
+                    help="1: the modes (runs 1-2); 3: the shipped tiles with LOCAL_MASK and DS_FIRST")
     args = ap.parse_args()
-    names_by_d = {d: (DEFAULT[d] if a is None else [x for x in a.split(",") if x])
+    base = ROUND3 if args.round == 3 else DEFAULT
+    names_by_d = {d: (base[d] if a is None else [x for x in a.split(",") if x])
                   for d, a in ((64, args.variants64), (128, args.variants128))}
     if unknown := [x for d in names_by_d for x in names_by_d[d] if x.partition("@")[0] not in VARIANTS]:
         ap.error(f"unknown variants {unknown}")
