@@ -84,5 +84,9 @@ def test_round_3_switches_change_what_they_say_and_leave_the_shipped_kernel_alon
     assert both["waits"] == {"1": 2, "0": 6}, both["waits"]
     assert lm["spill"][0] < shipped["spill"][0], (lm["spill"], shipped["spill"])
     assert both["wgmma"] == shipped["wgmma"] == 64 and not both["serialized"], both
-    mod = _module()
-    assert len(mod.VARIANTS["split m64 s2 q2"]) == 7 and len(mod.VARIANTS["alt m64 s2 q1"]) == 7
+    from solutions import gluon_dkdv
+    for d in (64, 128):                         # what step 06 launches: no switch set, so both stay off
+        q = torch.empty(1, 2, 4096, d, dtype=torch.bfloat16)
+        lse = torch.empty(2, 4096)
+        kwargs = gluon_dkdv.bwd_launch_args(q, q, q, q, lse, lse, q, q, True, d ** -0.5)[2]
+        assert not {"LOCAL_MASK", "DS_FIRST"} & set(kwargs), kwargs
