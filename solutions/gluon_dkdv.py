@@ -32,12 +32,14 @@ cores, then dQ += dS K): 1.04-1.17x step 06's Triton dQ kernel there at N 4096-1
 backward 1.02-1.06x the better of two runs of step 06's, except at N=4096 without a mask (0.95x, where those two runs
 differ by 5%); at D=64 it ran 0.88-0.97x the Triton kernel, which keeps that head dim (bench/experiments/gluon_dq.py, results/h200/triton/gluon_dq_1203/).
 
-From N=4096, where step 06's table chooses (no ``config``, no ``dq_mode`` asked for) and deterministic algorithms are
-off, neither of the two kernels above runs: the whole backward is one warp-specialized kernel, ``_gluon_bwd_ws``
-(below: FlashAttention-3's shape, five products where the two kernels compute seven, dQ added by the TMA unit's bulk
-reduce), 1.09-1.21x the two kernels at D=64 and 1.05-1.25x at D=128 but causal N=16384 (0.99x), taking step 06's
-forward + backward to 0.94-1.05x cuDNN at D=64 and 0.86-0.98x at D=128 (bench/experiments/gluon_bwd_ws.py,
-results/h200/triton/gluon_bwd_ws_1203_r2/, results/h200/grid_1204/).
+From N=1024 (``BWD_MIN_LEN``), causal or not, where step 06's table chooses (no ``config``, no ``dq_mode`` asked for)
+and deterministic algorithms are off, neither of the two kernels above runs: the whole backward is one
+warp-specialized kernel, ``_gluon_bwd_ws`` (below: FlashAttention-3's shape, five products where the two kernels
+compute seven, dQ added by the TMA unit's bulk reduce), 1.09-1.21x the two kernels at D=64 and 1.05-1.25x at D=128 but
+causal N=16384 (0.99x), taking step 06's forward + backward to 0.94-1.05x cuDNN at D=64 and 0.86-0.98x at D=128
+(bench/experiments/gluon_bwd_ws.py, results/h200/triton/gluon_bwd_ws_1203_r2/, results/h200/grid_1204/). At D=128
+causal it runs with its mask from the tile's own indices and dS^T before dV (``BWD_SWITCHES``; round 3,
+results/h200/triton/gluon_bwd_ws_1204_r3/: 1.06-1.16x the kernel without them at N 1024-16384).
 
 Your step 06 (``steps/``) does not call this file: its backward runs the Triton kernels you write, on every GPU.
 """
@@ -84,9 +86,15 @@ DQ_LAUNCHES = 0                   # how many times ``launch_dq_if_covered`` ran 
 # The one-kernel backward (``_gluon_bwd_ws``, below), by head dim: (BLOCK_M queries a step, STAGES, DQ_BUFS fp32 dQ
 # staging buffers a consumer, DQ_MODE, maxnreg, consumer registers, loader registers); the experiment's best
 # ("alt m64 s2 q1" at D=64, "split m64 s2 q2" at D=128). Three warpgroups' registers a CTA: 3 x 128 x 168 <= 65536.
-# Measured from N=4096 (results/h200/triton/gluon_bwd_ws_1203_r2/), so it starts there; below, the two kernels.
+# Measured from N=4096 (results/h200/triton/gluon_bwd_ws_1203_r2/), then at N 1024 and 2048, where it ran 1.04-1.27x
+# step 06's two kernels (gluon_bwd_ws_1204_short/, gluon_bwd_ws_1204_r3/), so it starts at 1024; below, the two kernels.
 BWD_TILES = {64: (64, 2, 1, 1, 168, 240, 24), 128: (64, 2, 2, 2, 168, 240, 24)}
-BWD_MIN_LEN = 4096
+BWD_MIN_LEN = 1024
+# The kernel's switches step 06 sets, by (D, causal): at D=128 under a causal mask both, the mask from the tile's own
+# indices and dS^T before dV is issued (FlashAttention-3's order). ptxas: 176 B spilled a thread without them, 72
+# with. Measured 1.06-1.16x the kernel without them at N 1024-16384 (round 3, results/h200/triton/gluon_bwd_ws_1204_r3/);
+# at D=64 and without a mask they were within the run's noise (0.95-1.03x), so they stay off there.
+BWD_SWITCHES = {(128, True): {"LOCAL_MASK": True, "DS_FIRST": True}}
 BWD_LAUNCHES = 0                  # how many times ``launch_bwd_if_covered`` ran ``_gluon_bwd_ws``
 
 
@@ -373,7 +381,9 @@ def launch_if_covered(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal, scale, d
 def dq_not_covered(q4, k4, v4, do4, dq4, is_causal) -> str | None:
     """Why ``_gluon_dq`` does not apply to step 06's dQ pass here, or None when it does: the dK/dV kernel's device and
     shape conditions (``not_covered``), D in ``DQ_TILES``, N from ``DQ_MIN_LEN``, dQ contiguous like q."""
-    why = not_covered(q4, k4, v4, do4, "separate", is_causal)
+    # The dK/dV kernel's conditions but its floor without a mask (FULL_MIN_LEN): this kernel was measured from
+    # N=1024 either way, so the shape is checked as the causal case is.
+    why = device_reason(q4) or shape_reason(q4, k4, v4, do4, "separate", is_causal=True)
     if why:
         return why
     B, H, N, D = q4.shape
@@ -643,10 +653,12 @@ def _gluon_bwd_ws(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, 
 
 def bwd_not_covered(q4, k4, v4, do4, dq4, is_causal) -> str | None:
     """Why ``_gluon_bwd_ws`` does not make this backward, or None when it does: the dK/dV kernel's device and shape
-    conditions (``not_covered``), N from ``BWD_MIN_LEN``, dQ a contiguous tensor like q, and not under
+    conditions (``not_covered``) but its floor without a mask, N from ``BWD_MIN_LEN`` with either mask, dQ a contiguous tensor like q, and not under
     ``torch.use_deterministic_algorithms(True)`` (the reduces add dQ in any order: its last bits change from run to
     run, as step 06's atomic modes' do)."""
-    why = not_covered(q4, k4, v4, do4, "separate", is_causal)
+    # The dK/dV kernel's conditions but its floor without a mask (FULL_MIN_LEN): this kernel was measured from
+    # N=1024 either way, so the shape is checked as the causal case is.
+    why = device_reason(q4) or shape_reason(q4, k4, v4, do4, "separate", is_causal=True)
     if why:
         return why
     if torch.are_deterministic_algorithms_enabled():
@@ -662,7 +674,8 @@ def bwd_not_covered(q4, k4, v4, do4, dq4, is_causal) -> str | None:
 def bwd_launch_args(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scale: float, tiles=None):
     """(grid, args, kwargs, dq_acc) of one ``_gluon_bwd_ws`` launch (tensors may be on the CPU: the compile
     checks). ``tiles``: (BLOCK_M, STAGES, DQ_BUFS, DQ_MODE, maxnreg, consumer registers, loader registers), by
-    default ``BWD_TILES[D]``. dq_acc: the zeroed fp32 (B*H*N, D) buffer the kernel adds dQ (scaled) into."""
+    default ``BWD_TILES[D]`` with ``BWD_SWITCHES``' switches for (D, causal); tiles given, no switch is set. dq_acc:
+    the zeroed fp32 (B*H*N, D) buffer the kernel adds dQ (scaled) into."""
     B, H, N, D = q4.shape
     bm, stages, dq_bufs, dq_mode, maxnreg, cregs, lregs = tiles or BWD_TILES[D]
     q_desc, k_desc, v_desc, do_desc = descriptors(q4, k4, v4, do4, bm, 64)
@@ -672,6 +685,8 @@ def bwd_launch_args(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scal
                                gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32))
     kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, STAGES=stages, DQ_BUFS=dq_bufs, DQ_MODE=dq_mode,
                   IS_CAUSAL=bool(is_causal), CONSUMER_REGS=cregs, LOADER_REGS=lregs, num_warps=4, maxnreg=maxnreg)
+    if tiles is None:
+        kwargs.update(BWD_SWITCHES.get((D, bool(is_causal)), {}))
     args = (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, N, scale, scale * LOG2E)
     return (N // 128, B * H), args, kwargs, dq_acc
 

@@ -44,10 +44,13 @@ def test_the_solution_ships_the_experiments_best_tiles():
     mod = _module()
     assert gluon_dkdv.BWD_TILES[64] == mod.VARIANTS["alt m64 s2 q1"]
     assert gluon_dkdv.BWD_TILES[128] == mod.VARIANTS["split m64 s2 q2"]
+    # round 3's winner at D=128 causal: the same tiles with both switches
+    assert (*gluon_dkdv.BWD_TILES[128], gluon_dkdv.BWD_SWITCHES[(128, True)]) == mod.VARIANTS["split m64 s2 q2 lm ds"]
+    assert set(gluon_dkdv.BWD_SWITCHES) == {(128, True)}, gluon_dkdv.BWD_SWITCHES
 
 
 @pytest.mark.parametrize("key,wgmma,bulk_waits", [("alt m64 s2 q1 D64 causal", 48, [0, 0, 0, 0]),
-                                                  ("split m64 s2 q2 D128 causal", 64, [0, 0, 1, 1])])
+                                                  ("split m64 s2 q2 lm ds D128 causal", 64, [0, 0, 1, 1])])
 def test_compiles_for_sm90a_as_designed(key, wgmma, bulk_waits):
     rep = _reports()[key]
     # Each consumer's code: S^T, dP^T, dV, dK and two dQ products over the two 64-key halves, in k-steps of 16
@@ -74,19 +77,27 @@ def test_refuses_what_it_does_not_cover():
             mod.check_inputs(q, q, q, q)
 
 
-def test_round_3_switches_change_what_they_say_and_leave_the_shipped_kernel_alone():
-    """Round 3's switches (off in the solution): DS_FIRST waits for dP^T whole before dV is issued (one more
-    ``wgmma.wait_group 0`` a consumer, one fewer ``1``), and LOCAL_MASK's causal mask from the tile's own indices
-    spills less than the global offsets at D=128 (ptxas 13.0: 92 B against 176). The shipped tiles carry no switch."""
+def test_round_3_switches_change_what_they_say_and_step06_sets_them_at_d128_causal_only():
+    """Round 3's switches: DS_FIRST waits for dP^T whole before dV is issued (one more ``wgmma.wait_group 0`` a
+    consumer, one fewer ``1``), and LOCAL_MASK's causal mask from the tile's own indices spills less than the global
+    offsets at D=128 (ptxas 13.0: 92 B against 176; 72 with both). Step 06 launches both at D=128 causal (round 3:
+    1.06-1.16x without them), neither at D=64 or without a mask (within the run's noise there)."""
     rep = _reports()
-    shipped, lm, both = (rep[f"split m64 s2 q2{x} D128 causal"] for x in ("", " lm", " lm ds"))
-    assert shipped["waits"] == lm["waits"] == {"1": 4, "0": 4}, (shipped["waits"], lm["waits"])
+    plain, lm, both = (rep[f"split m64 s2 q2{x} D128 causal"] for x in ("", " lm", " lm ds"))
+    assert plain["waits"] == lm["waits"] == {"1": 4, "0": 4}, (plain["waits"], lm["waits"])
     assert both["waits"] == {"1": 2, "0": 6}, both["waits"]
-    assert lm["spill"][0] < shipped["spill"][0], (lm["spill"], shipped["spill"])
-    assert both["wgmma"] == shipped["wgmma"] == 64 and not both["serialized"], both
+    assert both["spill"][0] <= lm["spill"][0] < plain["spill"][0], (both["spill"], lm["spill"], plain["spill"])
+    assert both["wgmma"] == plain["wgmma"] == 64 and not both["serialized"], both
     from solutions import gluon_dkdv
-    for d in (64, 128):                         # what step 06 launches: no switch set, so both stay off
+    for d in (64, 128):                         # what step 06 launches
         q = torch.empty(1, 2, 4096, d, dtype=torch.bfloat16)
         lse = torch.empty(2, 4096)
-        kwargs = gluon_dkdv.bwd_launch_args(q, q, q, q, lse, lse, q, q, True, d ** -0.5)[2]
+        for causal in (True, False):
+            kwargs = gluon_dkdv.bwd_launch_args(q, q, q, q, lse, lse, q, q, causal, d ** -0.5)[2]
+            got = {x: kwargs[x] for x in ("LOCAL_MASK", "DS_FIRST") if x in kwargs}
+            want = {"LOCAL_MASK": True, "DS_FIRST": True} if (d, causal) == (128, True) else {}
+            assert got == want, f"D={d} {'causal' if causal else 'full'}: step 06 launches {got}, round 3 chose {want}"
+        # tiles given (the experiment's variants): no switch added
+        kwargs = gluon_dkdv.bwd_launch_args(q, q, q, q, lse, lse, q, q, True, d ** -0.5,
+                                            tiles=gluon_dkdv.BWD_TILES[d])[2]
         assert not {"LOCAL_MASK", "DS_FIRST"} & set(kwargs), kwargs

@@ -250,20 +250,21 @@ class _ExactBwd:
 
 
 def test_one_kernel_backward_covers_what_was_measured_and_nothing_else(monkeypatch):
-    """``_gluon_bwd_ws`` (FlashAttention-3's shape, five products): what the dK/dV kernel covers, from N=4096 with
-    either mask (measured from there), into a contiguous dQ like q, and never under deterministic algorithms (its
-    reduces add dQ in any order)."""
+    """``_gluon_bwd_ws`` (FlashAttention-3's shape, five products): what the dK/dV kernel covers, but from N=1024
+    with either mask (measured from there: the dK/dV kernel's floor without a mask, ``FULL_MIN_LEN``, is not its),
+    into a contiguous dQ like q, and never under deterministic algorithms (its reduces add dQ in any order)."""
     g = _gluon()
-    assert set(g.BWD_TILES) == {64, 128} and g.BWD_MIN_LEN == 4096
+    assert set(g.BWD_TILES) == {64, 128} and g.BWD_MIN_LEN == 1024 < g.FULL_MIN_LEN
     assert g.BWD_TILES[64][3] == 1 and g.BWD_TILES[128][3] == 2, "D=64 makes dQ_i whole, D=128 in column halves"
     monkeypatch.setattr(g, "device_reason", lambda q4: None)      # as if on Hopper
     for d in (64, 128):
-        q = _views((1, 2, 4096, d), torch.bfloat16)
-        for causal in (True, False):
-            assert g.bwd_not_covered(*q, torch.empty_like(q[0]), causal) is None
+        for n in (1024, 2048, 4096):
+            q = _views((1, 2, n, d), torch.bfloat16)
+            for causal in (True, False):
+                assert g.bwd_not_covered(*q, torch.empty_like(q[0]), causal) is None, (n, d, causal)
     q = _views((1, 2, 4096, 64), torch.bfloat16)
     for views, dq, why in (
-            (_views((1, 2, 2048, 64), torch.bfloat16), None, "4096"),
+            (_views((1, 2, 1024 - 128, 64), torch.bfloat16), None, "1024"),
             (_views((1, 2, 4096, 32), torch.bfloat16), None, "D=32"),
             (q, torch.empty(1, 2, 64, 4096, dtype=torch.bfloat16).transpose(2, 3), "contiguous"),
             (q, torch.empty_like(q[0], dtype=torch.float16), "contiguous")):
@@ -357,7 +358,8 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on a
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 1, 128, 64), (2, 3, 384, 64), (1, 4, 2048, 64), (3, 256, 64),
-                                   (2, 3, 384, 128), (1, 2, 4096, 128), (1, 1, 4096, 64), (3, 4096, 64)],
+                                   (2, 3, 384, 128), (1, 3, 1024, 128), (1, 2, 4096, 128), (1, 1, 4096, 64),
+                                   (3, 4096, 64)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_hopper_path_gradients(shape, is_causal, dtype):
     """Step 06's solution on Hopper: from ``BWD_MIN_LEN`` the one-kernel backward (``_gluon_bwd_ws``) makes dQ, dK
@@ -388,9 +390,12 @@ def test_hopper_path_gradients(shape, is_causal, dtype):
 @needs_hopper
 def test_hopper_path_inside_torch_compile():
     """As CS336's leaderboard calls it: ``torch.compile(FlashAttention2.apply)``, (H, N, D) bf16, causal, and
-    ``o.sum().backward()`` (an expanded dO). The backward is an opaque operator, so the Gluon launch inside it runs."""
+    ``o.sum().backward()`` (an expanded dO). The backward is an opaque operator, so the Gluon launch inside it runs.
+    N=512: below ``BWD_MIN_LEN``, where the Gluon dK/dV kernel runs (the one-kernel backward's own compiled test is
+    ``test_one_kernel_backward_inside_torch_compile_and_deterministic_mode``)."""
     s6, g = _step06_and_gluon()
-    q, k, v = make_qkv(Nq=1024, Nk=1024, D=64, batch_shape=(4,), dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    assert 512 < g.BWD_MIN_LEN
+    q, k, v = make_qkv(Nq=512, Nk=512, D=64, batch_shape=(4,), dtype=torch.bfloat16, device="cuda", requires_grad=True)
     f = torch.compile(s6.FlashAttentionTriton.apply)
     before = g.LAUNCHES
     f(q, k, v, True).sum().backward()
