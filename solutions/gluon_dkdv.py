@@ -678,15 +678,15 @@ def bwd_launch_args(q4, k4, v4, do4, lse, delta, dk4, dv4, is_causal: bool, scal
     the zeroed fp32 (B*H*N, D) buffer the kernel adds dQ (scaled) into."""
     B, H, N, D = q4.shape
     bm, stages, dq_bufs, dq_mode, maxnreg, cregs, lregs = tiles or BWD_TILES[D]
+    switches = {} if tiles else BWD_SWITCHES.get((D, bool(is_causal)), {})     # tiles given: no switch added
     q_desc, k_desc, v_desc, do_desc = descriptors(q4, k4, v4, do4, bm, 64)
     dq_acc = torch.zeros(B * H * N, D, device=q4.device, dtype=torch.float32)
     dq_box = [bm, D // 2 if dq_mode == 2 else D]
     dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), dq_box,
                                gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32))
     kwargs = dict(HEAD_DIM=D, BLOCK_M=bm, STAGES=stages, DQ_BUFS=dq_bufs, DQ_MODE=dq_mode,
-                  IS_CAUSAL=bool(is_causal), CONSUMER_REGS=cregs, LOADER_REGS=lregs, num_warps=4, maxnreg=maxnreg)
-    if tiles is None:
-        kwargs.update(BWD_SWITCHES.get((D, bool(is_causal)), {}))
+                  IS_CAUSAL=bool(is_causal), CONSUMER_REGS=cregs, LOADER_REGS=lregs, num_warps=4, maxnreg=maxnreg,
+                  **switches)
     args = (q_desc, k_desc, v_desc, do_desc, dq_desc, lse, delta, dk4, dv4, N, scale, scale * LOG2E)
     return (N // 128, B * H), args, kwargs, dq_acc
 
