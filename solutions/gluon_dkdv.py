@@ -39,7 +39,7 @@ compute seven, dQ added by the TMA unit's bulk reduce), 1.09-1.21x the two kerne
 causal N=16384 (0.99x), taking step 06's forward + backward to 0.94-1.05x cuDNN at D=64 and 0.86-0.98x at D=128
 (bench/experiments/gluon_bwd_ws.py, results/h200/triton/gluon_bwd_ws_1203_r2/, results/h200/grid_1204/). At D=128
 causal it runs with its mask from the tile's own indices and dS^T before dV (``BWD_SWITCHES``; round 3,
-results/h200/triton/gluon_bwd_ws_1204_r3/: 1.06-1.16x the kernel without them at N 1024-16384).
+results/h200/triton/gluon_bwd_ws_1204_r3/: 1.06-1.12x the kernel without them at N 1024-16384).
 
 Your step 06 (``steps/``) does not call this file: its backward runs the Triton kernels you write, on every GPU.
 """
@@ -92,7 +92,7 @@ BWD_TILES = {64: (64, 2, 1, 1, 168, 240, 24), 128: (64, 2, 2, 2, 168, 240, 24)}
 BWD_MIN_LEN = 1024
 # The kernel's switches step 06 sets, by (D, causal): at D=128 under a causal mask both, the mask from the tile's own
 # indices and dS^T before dV is issued (FlashAttention-3's order). ptxas: 176 B spilled a thread without them, 72
-# with. Measured 1.06-1.16x the kernel without them at N 1024-16384 (round 3, results/h200/triton/gluon_bwd_ws_1204_r3/);
+# with. Measured 1.06-1.12x the kernel without them at N 1024-16384 (round 3, results/h200/triton/gluon_bwd_ws_1204_r3/);
 # at D=64 and without a mask they were within the run's noise (0.95-1.03x), so they stay off there.
 BWD_SWITCHES = {(128, True): {"LOCAL_MASK": True, "DS_FIRST": True}}
 BWD_LAUNCHES = 0                  # how many times ``launch_bwd_if_covered`` ran ``_gluon_bwd_ws``

@@ -81,7 +81,7 @@ def test_round_3_switches_change_what_they_say_and_step06_sets_them_at_d128_caus
     """Round 3's switches: DS_FIRST waits for dP^T whole before dV is issued (one more ``wgmma.wait_group 0`` a
     consumer, one fewer ``1``), and LOCAL_MASK's causal mask from the tile's own indices spills less than the global
     offsets at D=128 (ptxas 13.0: 92 B against 176; 72 with both). Step 06 launches both at D=128 causal (round 3:
-    1.06-1.16x without them), neither at D=64 or without a mask (within the run's noise there)."""
+    1.06-1.12x without them), neither at D=64 or without a mask (within the run's noise there)."""
     rep = _reports()
     plain, lm, both = (rep[f"split m64 s2 q2{x} D128 causal"] for x in ("", " lm", " lm ds"))
     assert plain["waits"] == lm["waits"] == {"1": 4, "0": 4}, (plain["waits"], lm["waits"])

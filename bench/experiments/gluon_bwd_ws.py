@@ -42,9 +42,10 @@ preprocess; mode 1 ("alt": both consumers' dS^T shared, consumer i % 2 making dQ
 but 0.99x at causal N=16384, 0.81-0.94x cuDNN, one dQ buffer 0.92-0.94x causal. At D=128 the consumers spill (28-216 B
 a thread, causal the most; not serialized). Step 06's solution runs "alt m64 s2 q1" (D=64) and "split m64 s2 q2"
 (D=128) from N=4096 since ca58451 (``BWD_TILES``, ``hopper_bwd``); at N 1024 and 2048 they ran 1.06-1.27x (2026-12-04
-00:05 UTC, results/h200/triton/gluon_bwd_ws_1204_short/), not shipped there yet.
+00:05 UTC, results/h200/triton/gluon_bwd_ws_1204_short/), so from 0417e43 it starts at N=1024 (``BWD_MIN_LEN``).
 
-Round 3 (``--round 3``, written 2026-12-04, not yet run on a GPU): the one target cell still missed is D=128 causal
+Round 3 (``--round 3``, 2026-12-04 03:11 UTC on one H200, results/h200/triton/gluon_bwd_ws_1204_r3/): the one target
+cell still missed was D=128 causal
 N=4096 (0.874x cuDNN forward + backward, results/h200/issue17_targets_1204/), and at D=128 the consumers spill under a
 causal mask: ptxas (sm_90a) 176 B stored a thread, 28 without a mask. Removing the mask's code takes it to 12, so the
 mask is most of it. Two switches of the solution's kernel, off as it ships (its PTX unchanged, debug lines aside, in
@@ -52,6 +53,11 @@ all eight builds of modes 0-2 at D 64 and 128, causal and not): ``LOCAL_MASK`` (
 key n0 + r <= query start_m + c as r <= c + start_m - n0: 92 B) and ``DS_FIRST`` (dS^T computed before dV is issued,
 FlashAttention-3's order: with LOCAL_MASK 72 B). Do they pay at D=128 causal, and cost nothing at D=64?
     python bench/experiments/gluon_bwd_ws.py --round 3 --out DIR
+Answer: **both pay at D=128 causal, 1.06-1.12x the kernel without them at every N from 1024 to 16384** (N=4096:
+1.573 ms against 1.750, cuDNN 1.504); LOCAL_MASK alone 1.08-1.11x at N 1024-8192 but 0.99x at 16384. Elsewhere within
+the run's noise (0.93-1.03x; without a mask LOCAL_MASK is the same code and still read 0.94x once). Step 06 sets both
+at D=128 causal only since 0417e43 (``BWD_SWITCHES``); issue 17's forward + backward target is then met in 12 of 12
+cells (results/h200/issue17_targets_1204b/).
 """
 
 from __future__ import annotations
@@ -99,7 +105,8 @@ VARIANTS = {"ws m64 s2 q2": (64, 2, 2, 0, 168, 240, 24), "ws m64 s3 q2": (64, 3,
             "ws m64 s2 q1": (64, 2, 1, 0, 168, 240, 24),
             "alt m64 s2 q1": (64, 2, 1, 1, 168, 240, 24), "alt m64 s3 q1": (64, 3, 1, 1, 168, 240, 24),
             "split m64 s2 q1": (64, 2, 1, 2, 168, 240, 24), "split m64 s2 q2": (64, 2, 2, 2, 168, 240, 24),
-            # Round 3 (not yet run on a GPU): the shipped tiles with the kernel's two switches, a dict after the tiles.
+            # Round 3 (run 2026-12-04, gluon_bwd_ws_1204_r3/; "split m64 s2 q2 lm ds" ships at D=128 causal): the
+            # tiles with the kernel's two switches, a dict after the tiles.
             # LOCAL_MASK: the causal mask from the tile's own indices (key n0 + r <= query start_m + c as
             # r <= c + start_m - n0) instead of global offsets; DS_FIRST: dS^T computed before dV is issued
             # (FlashAttention-3's order). ptxas (sm_90a, --aot-check) at D=128 causal: 176 B spilled a thread as
