@@ -218,14 +218,14 @@ plt.show()
 # ## 6. The recorded H200 figures, forward + backward
 #
 # FlashAttention's grid from `python -m bench grid` (bf16, 16k tokens per batch, hidden 2048), several
-# runs merged. Step 06's rows and SDPA's come from two runs, with the Gluon kernels of section 11: from N = 4096 the
-# run of 2026-12-04 00:02 UTC (`results/h200/grid_1204/`, the GPU code of ca58451, where step 06's backward is the
-# one-kernel backward at the end of section 11), below N = 4096 the run of 2026-12-03 20:25
-# (`results/h200/grid_1203f/`); each README gives the rows as ratios to cuDNN. The later run's short rows were left
-# out: its machine's host ran those host-bound calls two to five times slower on code that had not changed there
-# (the forward alone at N = 512, D = 64: step 05's 0.431 ms against 0.200 without a mask, step 06's 0.944 against
-# 0.174 with one; section 10 says why such a call times the host), and the one-kernel backward starts at N = 4096.
-# Step 07's rows are from 2026-12-03 17:01 (`results/h200/grid_1203e/`).
+# runs merged. Step 06's rows and SDPA's come from two runs, with the Gluon kernels of section 11: from N = 1024 the
+# run of 2026-12-04 03:22 UTC (`results/h200/grid_1204b/`, the GPU code of 9ec6a4b, where step 06's backward is the
+# one-kernel backward at the end of section 11, with its round 3 switches), at N = 512 the run of 2026-12-03 20:25
+# (`results/h200/grid_1203f/`); each README gives the rows as ratios to cuDNN. The later run's N = 512 rows were left
+# out: there step 06's forward + backward read 15-25% slower than at 20:25 on code that had not changed (1.401 ms
+# against 1.153 at D = 64 without a mask) while step 05's forward and both SDPA backends matched to 1-3%; such a call
+# times the host (section 10), and the one-kernel backward starts at N = 1024. Step 07's rows are from 2026-12-03
+# 17:01 (`results/h200/grid_1203e/`).
 
 # %%
 grid = json.loads((RESULTS / "grid" / "results.json").read_text())
@@ -1025,7 +1025,9 @@ for r in load("gluon_dq_1203/gluon_dq")["timing_rows"]:
 # with the Triton kernel's own tiles): that kernel already keeps the tensor pipe 66% busy; at D = 128 under `ncu`
 # (N = 4096, causal, `ncu_c4k_dq/`) the Gluon kernel keeps it 76% busy where the Triton one kept 58%. So the solution runs
 # `_gluon_dq` at D = 128 from N = 4096 (`DQ_TILES`, `hopper_dq` in the step) and keeps the Triton dQ kernel at
-# D = 64. The backward is still 0.76-0.81x cuDNN's at D = 128: the seven products against cuDNN's five are still
+# D = 64. (Since the one-kernel backward at the end of this section, the two-kernel backward, and so this dQ kernel,
+# runs on Hopper only where that one does not: below N = 1024, under deterministic algorithms, or with a `config` or
+# `dq_mode` asked for.) The backward is still 0.76-0.81x cuDNN's at D = 128: the seven products against cuDNN's five are still
 # paid, and putting dQ inside the dK/dV kernel with fp32 atomics lost (0.66-0.85x, `gluon_dkdv_dq_1203/`).
 
 # %% [markdown]
@@ -1173,7 +1175,7 @@ for r in ws4["timing_rows"]:
 # each attempt's best tile set; for run 5 the tiles step 06 now runs (`BWD_TILES`), also against cuDNN:
 
 # %%
-SHIPPED = {64: "alt m64 s2 q1", 128: "split m64 s2 q2"}         # BWD_TILES: what step 06 runs from N = 4096
+SHIPPED = {64: "alt m64 s2 q1", 128: "split m64 s2 q2"}         # BWD_TILES: what step 06 runs from N = 1024
 ATTEMPTS = [  # (column, file under results/h200/triton/, the variants it counts)
     ("1 atomic", "gluon_dkdv_dq_1203/gluon_dkdv_dq", lambda v, D: True),
     ("2 reduce", "gluon_dkdv_dq_1203_round2/gluon_dkdv_dq", lambda v, D: v.endswith(" tma")),
@@ -1205,30 +1207,6 @@ for shape in shapes:
     print(f"{shape.replace('grid ', ''):37s}" + "".join(f"{'' if x is None else f'{x:.2f}':>11s}" for x in xs)
           + f"{cudnn:9.2f}")
 
-short = load("gluon_bwd_ws_1204_short/gluon_bwd_ws")
-print(f"\nbelow N = 4096, the shipped tiles ({short['meta']['date_utc']}; not shipped there yet):")
-for r in short["timing_rows"]:
-    v = SHIPPED[head_dim(r["shape"])]
-    print(f"  {r['shape'].replace('grid ', ''):32s} x{r['vs_step06'][v]:.2f} step 06, {r['vs_cudnn'][v]:.2f}x cuDNN")
-
-cgrid = json.loads((RESULTS / "grid" / "results.json").read_text())   # the course grid of section 6
-ckey = lambda r: (r["mode"], r["B"], r["H"], r["N"], r["D"], r["causal"])   # noqa: E731
-c_ms = {ckey(r): r["ms"] for r in cgrid if r["impl"] == "sdpa-cudnn" and r["status"] == "ok"}
-s06 = [r for r in cgrid if r["impl"] == "step06" and r["mode"] == "fwd+bwd" and r["N"] >= 4096 and r["status"] == "ok"]
-print(f"\nthe course grid ({s06[0]['machine']['date']}): step 06 fwd+bwd, cuDNN's time / ours in one run, target 0.90")
-for D in (64, 128):
-    for causal in (False, True):
-        x = {r["N"]: c_ms[ckey(r)] / r["ms"] for r in s06 if (r["D"], r["causal"]) == (D, causal)}
-        print(f"  D={D:3d} {'causal' if causal else 'no mask':8s}" + "".join(f"  N={n}: {x[n]:.2f}" for n in sorted(x)))
-print(f"  {sum(c_ms[ckey(r)] / r['ms'] >= 0.90 for r in s06)} of {len(s06)} cells at 0.90 or more")
-
-print("\nCS336's harness at the leaderboard shape (make gpu-check), fwd+bwd ms:")
-for tag in ("_686a4fb", ""):
-    gc = json.loads((RESULTS / "gpu-check" / f"summary{tag}.json").read_text())
-    lbm, h = gc["leaderboard_ms"], gc["leaderboard_ms"]["cs336_harness"]
-    print(f"  {lbm['commit'][:7]}, {lbm['date']}: step 06 {h['step06']:.3f}, cuDNN {h['sdpa_cudnn']:.3f}, "
-          f"SDPA-FLASH {h['sdpa_flash']:.3f}")
-
 fig, ax = plt.subplots(figsize=(9, 3.2))
 picked = [s for s in shapes if s.startswith("leaderboard") or ("N16384 D64" in s and s.startswith("grid"))]
 for k, shape in enumerate(picked):
@@ -1256,30 +1234,114 @@ plt.show()
 # (0.99x), and 0.81-0.94x cuDNN: its consumers still spill (ptxas, `gluon_bwd_ws.py --aot-check`). Each figure is one
 # run, and step 06's two timings in one run differ by 1-9%.
 #
-# So step 06's solution runs this kernel on Hopper from N = 4096 wherever its table chooses (no `config` or `dq_mode`
-# asked for; `BWD_TILES`, `BWD_MIN_LEN`, the hook `hopper_bwd`; `ATTN_GLUON_DKDV=0` turns it off); your step 06 keeps
-# your kernels. Below N = 4096 it is measured faster too (1.06-1.27x step 06 at N 1024 and 2048, both head dims, with
-# and without a mask, `gluon_bwd_ws_1204_short/`) but not shipped yet: the grid's short rows have to be timed again
-# with it on a host that runs short calls as fast as the one of 20:25 (section 6).
+# **Round 3: the spills** (`gluon_bwd_ws.py --round 3`, `gluon_bwd_ws_1204_r3/`). A consumer has 240 registers a
+# thread; what does not fit, ptxas spills: stores to local memory and loads back. At D = 64 nothing spills. At
+# D = 128 a consumer's dK and dV alone, 64 x 128 fp32 each, take 128 of the 240; without a mask it spills 28 B a
+# thread, under the causal mask 176 B (216 loaded back). The mask is the difference, so round 3 made the masked loop
+# hold fewer registers: two constexpr switches of `_gluon_bwd_ws`, each a change to the consumer above.
+#
+# - `LOCAL_MASK`: the causal test in the tile's own indices. Key $n_0 + r$ ($n_0$ the warpgroup's first key) sees
+#   query $m + c$ ($m$ the query tile's first row) when $n_0 + r \le m + c$, that is $r \le c + (m - n_0)$. With
+#   global offsets, `offs_n` (the warpgroup's 64 key indices) is made before the loop and held through all of it,
+#   only for the mask, and this tile's `offs_m` is compared with it. With `gl.arange(0, 64)` and
+#   `gl.arange(0, BLOCK_M)`, a thread's $r$ and $c$ are its fixed places in the accumulator's layout, which the
+#   compiler can rebuild from the thread's index, and what changes from tile to tile is one scalar, $m - n_0$.
+#   FlashAttention-3's mask (`hopper/mask.h`) is written this way: thread 0's column indices, "known at compile
+#   time", against one limit a row. 176 -> 92 B.
+# - `DS_FIRST`: $dS^\top$ before $dV$ is issued. The order above issues $dV \mathrel{+}= P^\top dO_i$ with $P^\top$
+#   in registers as its operand, then waits for $dP^\top$ and makes $dS^\top$ while $dV$ runs: the operand of a
+#   product in flight stays live, beside $P^\top$ in fp32, $dP^\top$ and $dS^\top$. FlashAttention-3's backward
+#   (`hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`) waits for both $S$ and $dP$ (`warpgroup_wait<0>`), writes
+#   $dS = P \circ (dP - D)$ over $dP$'s registers, and only then converts $P$ and issues $dV$: it gives up running
+#   the $dS$ arithmetic beside the $dV$ product and holds fewer tiles at once. 92 -> 72 B with both.
+#
+# Each variant against the same tiles without a switch ("plain") in the same run, at every N of the grid, D = 128
+# causal in full (`short/`: N 1024 and 2048); then the kernel as step 06 runs it at N 1024 and 2048 against step
+# 06's two kernels, and where step 06 stands:
+
+# %%
+# bench/experiments/gluon_bwd_ws.py --round 3: "lm" is LOCAL_MASK, "lm ds" both switches
+r3 = [load("gluon_bwd_ws_1204_r3/short/gluon_bwd_ws"), load("gluon_bwd_ws_1204_r3/gluon_bwd_ws")]
+r3_rows = sorted((r for run in r3 for r in run["timing_rows"]), key=lambda r: int(r["shape"].split(" N")[1].split()[0]))
+print(f"round 3, one H200, {r3[1]['meta']['date_utc']} (N 1024, 2048: {r3[0]['meta']['date_utc']}): backward alone, "
+      "ms, do_bench median; x = plain's time / the variant's (> 1: faster)")
+print(f"{'D = 128, causal':28s}{'plain':>8s}{'lm':>8s}{'lm ds':>8s}{'x lm':>7s}{'x lm ds':>9s}{'cuDNN':>8s}")
+x_rest, same_code = {"lm": [], "lm ds": []}, []
+for r in r3_rows:
+    v, ms = SHIPPED[head_dim(r["shape"])], r["ms"]
+    x = {s: ms[v] / ms[f"{v} {s}"] for s in ("lm", "lm ds")}
+    if r["shape"].endswith(" D128 causal"):
+        print(f"  {r['shape'].replace('grid ', ''):26s}{ms[v]:8.3f}{ms[v + ' lm']:8.3f}{ms[v + ' lm ds']:8.3f}"
+              f"{x['lm']:7.2f}{x['lm ds']:9.2f}{ms['cudnn']:8.3f}")
+        continue
+    for s in x:
+        x_rest[s].append(x[s])
+    if r["shape"].endswith(" full"):       # no mask: LOCAL_MASK has nothing to change, lm is plain's code
+        same_code.append(x["lm"])
+print(f"elsewhere (D = 64, or no mask; {len(x_rest['lm'])} shapes): " + ", ".join(
+    f"x {s} {min(x_rest[s]):.2f}-{max(x_rest[s]):.2f}" for s in x_rest))
+print(f"  without a mask, where lm compiles to plain's code: x lm {min(same_code):.2f}-{max(same_code):.2f}")
+
+SWITCHED = {(128, True): " lm ds"}                                  # BWD_SWITCHES: the switches step 06 sets
+print(f"\nN 1024 and 2048 ({r3[0]['meta']['date_utc']}), the kernel as step 06 runs it there:")
+for r in r3[0]["timing_rows"]:
+    D = head_dim(r["shape"])
+    v = SHIPPED[D] + SWITCHED.get((D, r["shape"].endswith(" causal")), "")
+    print(f"  {r['shape'].replace('grid ', ''):30s} x{r['vs_step06'][v]:.2f} step 06's two kernels, "
+          f"{r['vs_cudnn'][v]:.2f}x cuDNN")
+
+cgrid = json.loads((RESULTS / "grid" / "results.json").read_text())   # the course grid of section 6
+ckey = lambda r: (r["mode"], r["B"], r["H"], r["N"], r["D"], r["causal"])   # noqa: E731
+c_ms = {ckey(r): r["ms"] for r in cgrid if r["impl"] == "sdpa-cudnn" and r["status"] == "ok"}
+s06 = [r for r in cgrid if r["impl"] == "step06" and r["mode"] == "fwd+bwd" and r["N"] >= 1024 and r["status"] == "ok"]
+print(f"\nthe course grid ({s06[0]['machine']['date']}): step 06 fwd+bwd, cuDNN's time / ours in one run")
+for D in (64, 128):
+    for causal in (False, True):
+        x = {r["N"]: c_ms[ckey(r)] / r["ms"] for r in s06 if (r["D"], r["causal"]) == (D, causal)}
+        print(f"  D={D:3d} {'causal' if causal else 'no mask':8s}" + "".join(f"  N={n}: {x[n]:.2f}" for n in sorted(x)))
+cells = [c_ms[ckey(r)] / r["ms"] for r in s06 if r["N"] >= 4096]
+print(f"  from N = 4096 (issue 17's cells): {sum(x >= 0.90 for x in cells)} of {len(cells)} at 0.90 or more")
+
+print("\nCS336's harness at the leaderboard shape (make gpu-check), fwd+bwd ms:")
+for tag in ("_686a4fb", "_ca58451", ""):
+    gc = json.loads((RESULTS / "gpu-check" / f"summary{tag}.json").read_text())
+    lbm, h = gc["leaderboard_ms"], gc["leaderboard_ms"]["cs336_harness"]
+    print(f"  {lbm['commit'][:7]}, {lbm['date']}: step 06 {h['step06']:.3f}, cuDNN {h['sdpa_cudnn']:.3f}, "
+          f"SDPA-FLASH {h['sdpa_flash']:.3f}")
+
+# %% [markdown]
+# Both switches paid at D = 128 under a causal mask at every N, 1.06-1.12x plain; `LOCAL_MASK` alone did at N
+# 1024-8192 and not at 16384. Elsewhere the variants read 0.91-1.03x, and that is the run's noise, not theirs:
+# without a mask `LOCAL_MASK` compiles to plain's code and still read as low as 0.91x. So step 06 sets the switches
+# where they measured (`BWD_SWITCHES`: D = 128, causal) and nowhere else. At N = 4096 the backward alone went from
+# 0.86x cuDNN's to 0.96x.
+#
+# Step 06's solution runs this kernel on Hopper from N = 1024 wherever its table chooses (no `config` or
+# `dq_mode` asked for; `BWD_TILES`, `BWD_SWITCHES`, `BWD_MIN_LEN`, the hook `hopper_bwd`; `ATTN_GLUON_DKDV=0` turns
+# it off); your step 06 keeps your kernels. At N 1024 and 2048 it ran 1.05-1.27x step 06's two kernels, in the run
+# above and in `gluon_bwd_ws_1204_short/` three hours before; in the grid of section 6 it takes step 06's forward +
+# backward at N = 2048 from 0.76-0.84x cuDNN to 0.89-0.93x. At N = 1024 a causal call sits near the host's floor
+# (section 10): 1.085 ms with this kernel, 1.087 with the two kernels (D = 64, `grid_1204b/`).
 #
 # Issue 17 asked for forward + backward at 0.90x cuDNN or better on the grid from N = 4096. The course grid is one run;
-# timed as pairs, ours then cuDNN's, the ratio taken within each pair (`results/h200/issue17_targets_1204/`, two
-# rounds, medians; the five rounds of the day before in `results/h200/issue17_targets/`):
+# timed as pairs, ours then cuDNN's, the ratio taken within each pair (`results/h200/issue17_targets_1204b/`, three
+# rounds after round 3, medians; the five rounds of the day before in `results/h200/issue17_targets/`):
 #
 # | fwd+bwd / cuDNN | N 4096 | N 8192 | N 16384 |
 # | --- | --- | --- | --- |
-# | D = 64, no mask | 0.885 -> **1.051** | 0.923 -> **1.059** | 0.926 -> **1.056** |
-# | D = 64, causal | 0.843 -> **0.913** | 0.885 -> **0.980** | 0.893 -> **0.988** |
-# | D = 128, no mask | 0.805 -> **0.980** | 0.843 -> **0.971** | 0.851 -> **0.975** |
-# | D = 128, causal | 0.819 -> 0.874 | 0.862 -> **0.911** | 0.859 -> **0.923** |
+# | D = 64, no mask | 0.885 -> **1.031** | 0.923 -> **1.058** | 0.926 -> **1.055** |
+# | D = 64, causal | 0.843 -> **0.946** | 0.885 -> **0.965** | 0.893 -> **0.991** |
+# | D = 128, no mask | 0.805 -> **0.985** | 0.843 -> **0.974** | 0.851 -> **0.988** |
+# | D = 128, causal | 0.819 -> **0.927** | 0.862 -> **0.977** | 0.859 -> **0.996** |
 #
-# Met in 11 of 12 cells, in both rounds of each, where 2 of 12 were before. The one left is D = 128 causal N = 4096
-# (0.874x): there the backward alone runs 1.07x step 06's two kernels but 0.87x cuDNN's, and the forward 0.90x; under a
-# causal mask the D = 128 consumers spill (176 B stored a thread; 28 B without a mask), and a CTA's block of 128 keys
-# visits its diagonal query tiles with half its keys masked (`issue17_targets_1204/README.md`), a share of the work
-# that shrinks as N grows. At the leaderboard shape CS336's harness now reads 4.48 ms for step 06 against
-# cuDNN's 4.54: under the 5.0 ms this section chased, and the first run in which step 06 is the faster. Fewer
-# products, as the power-limit measurement said, not only faster ones.
+# Met in 12 of 12 cells, in every round, where 2 of 12 were the day before and 11 of 12 with run 5's kernel before
+# round 3 (`issue17_targets_1204/`, two rounds). The cell that was left, D = 128 causal N = 4096, moved 0.874 ->
+# 0.927, and round 3's switches are the only code that changed there; D = 128 causal N = 8192 and 16384 moved 0.911 ->
+# 0.977 and 0.923 -> 0.996. (The forward's own target, 0.95x, stands at 9 of 12: not under a causal mask at N = 4096,
+# 0.83x and 0.90x, where the Gluon forward above does not run, and D = 64 causal N = 8192 read 0.935x, a cell on the
+# line, 0.99x at 00:00.) At the leaderboard shape, D = 64, where round 3 changes nothing, CS336's harness reads
+# 4.48 ms for step 06 against cuDNN's 4.54, as in the first gpu-check with this kernel (ca58451): under the 5.0 ms
+# this section chased, and faster than cuDNN. Fewer products, as the power-limit measurement said, not only faster ones.
 
 # %% [markdown]
 # ## References
