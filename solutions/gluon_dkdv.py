@@ -515,14 +515,14 @@ def _bws_consumer(LSE, DELTA, DK, DV, dq_desc, k_smem, v_smem, q_smem, do_smem, 
         if IS_CAUSAL:
             if start_m < n0 + 64:
                 if LOCAL_MASK:
-                    # key n0 + r <= query start_m + c, in the tile's own indices (the experiment's variant: fewer
-                    # registers under the mask, ptxas says, than the global offsets)
+                    # key n0 + r <= query start_m + c, in the tile's own indices (round 3: fewer registers under the
+                    # mask, ptxas says, than the global offsets; set at D=128 causal, ``BWD_SWITCHES``)
                     pt = gl.where(gl.arange(0, 64, layout=row_t)[:, None]
                                   <= gl.arange(0, BLOCK_M, layout=col_t)[None, :] + (start_m - n0), pt, 0.0)
                 else:
                     pt = gl.where(offs_n[:, None] <= offs_m[None, :], pt, 0.0)
         if DS_FIRST:
-            # FlashAttention-3's order (the experiment's variant): dS^T before dV is issued
+            # FlashAttention-3's order (round 3; set at D=128 causal): dS^T before dV is issued
             dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
             dst = (pt * (dpt - delta[None, :])).to(dtype)
             pt_op = gl.convert_layout(pt.to(dtype), a_layout)
