@@ -61,7 +61,7 @@ TILES = {64: (3, 128, 2, 128, 160, 24), 128: (2, 128, 3, 168, 240, 24)}
 # "pers 3wg n128 s3": 1.09x round 1's kernel at N=4096, 1.02x at 8192 and 16384; 1.04-1.10x cuDNN). Causal and at
 # D=128 it lost to the kernel above (0.81-0.98x cuDNN against 0.83-1.00x; 8-18% slower at D=128).
 PERSISTENT_TILES = {64: (3, 128, 3, 128, 160, 24)}
-MIN_LEN = 8192          # under a causal mask
+MIN_LEN = 4096          # under a causal mask (from 8192 since its heads are taken in groups: fwd_tile_order_1204)
 FULL_MIN_LEN = 4096     # without one (gluon_fwd_ws_1203_round2/: 1.04x step 05 at D=64, 1.07x at D=128, N=4096)
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
 LAST_KERNEL = None                # which of the two it ran last: "ws" or "persistent" (the GPU tests read it)
@@ -267,12 +267,23 @@ def _ws_consumer(O, LSE, q_smem, k_smem, v_smem, q_bar, ready, empty, turn, row0
 def _gluon_fwd_ws(q_desc, k_desc, v_desc, O, LSE, N, qk_scale,
                   HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_WG: gl.constexpr,
                   CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  PINGPONG: gl.constexpr, num_warps: gl.constexpr):
+                  PINGPONG: gl.constexpr, num_warps: gl.constexpr, HEAD_GROUP: gl.constexpr = 0):
     BM_CTA: gl.constexpr = NUM_WG * 64
     n_m = gl.cdiv(N, BM_CTA)
     if IS_CAUSAL:
-        pid = n_m - 1 - gl.program_id(1)         # every head's heaviest query tile first (step 05's HEADS_FIRST)
+        # Every head's heaviest query tile first (step 05's HEADS_FIRST); HEAD_GROUP > 0: so within groups of that
+        # many heads, one group after another (step 05's program_tile).
+        pid = gl.program_id(1)
         bh = gl.program_id(0)
+        if HEAD_GROUP > 0:
+            n_bh = gl.num_programs(0)
+            start = pid * n_bh + bh
+            group = start // (HEAD_GROUP * n_m)
+            heads = gl.minimum(n_bh - group * HEAD_GROUP, HEAD_GROUP)
+            within = start - group * HEAD_GROUP * n_m
+            pid = within // heads
+            bh = group * HEAD_GROUP + within % heads
+        pid = n_m - 1 - pid
     else:
         pid = gl.program_id(0)
         bh = gl.program_id(1)
@@ -498,7 +509,7 @@ def _gluon_fwd_ws_persistent(q_desc, k_desc, v_desc, O, LSE, BH, N, qk_scale,
 
 # %% Host -----------------------------------------------------------------------------------------------------------
 
-def launch_args(q4, k4, v4, o4, lse, is_causal, scale, tiles, pingpong=False):
+def launch_args(q4, k4, v4, o4, lse, is_causal, scale, tiles, pingpong=False, head_group=0):
     """(grid, args, kwargs) of one launch on contiguous (B, H, N, D) q4, k4, v4 and outputs ``o4`` (like q4) and
     ``lse`` ((B, H, N) float32, contiguous); ``tiles`` as in ``TILES``. Tensors may be on the CPU (a compile report)."""
     B, H, N, D = q4.shape
@@ -515,6 +526,8 @@ def launch_args(q4, k4, v4, o4, lse, is_causal, scale, tiles, pingpong=False):
     args = (q_desc, k_desc, v_desc, o4, lse, N, scale * LOG2E)
     kwargs = dict(HEAD_DIM=D, BLOCK_N=bn, STAGES=stages, NUM_WG=wg, CONSUMER_REGS=cregs, LOADER_REGS=lregs,
                   IS_CAUSAL=bool(is_causal), PINGPONG=bool(pingpong), num_warps=4, maxnreg=maxnreg)
+    if head_group:
+        kwargs["HEAD_GROUP"] = int(head_group)
     return grid, args, kwargs
 
 
@@ -534,7 +547,7 @@ def launch_if_covered(q, k, v, is_causal, scale):
     """Step 05's hook: ``(O, LSE)`` from the Gluon kernel where it applies (``not_covered``), else None. q, k, v as
     step 05's ``forward`` takes them; O shaped like q, LSE ``q.shape[:-1]`` float32, both contiguous."""
     global LAUNCHES, LAST_KERNEL
-    from .step05_triton_fwd import as_bhnd
+    from .step05_triton_fwd import as_bhnd, head_group
     q4, k4, v4 = as_bhnd(q), as_bhnd(k), as_bhnd(v)
     if not_covered(q4, k4, v4, is_causal) is not None:
         return None
@@ -546,7 +559,8 @@ def launch_if_covered(q, k, v, is_causal, scale):
         _gluon_fwd_ws_persistent[grid](*args, **kwargs)
         LAST_KERNEL = "persistent"
     else:
-        grid, args, kwargs = launch_args(q4, k4, v4, as_bhnd(o), lse, is_causal, scale, TILES[D])
+        group = head_group(q4.shape[2], D, q4.element_size()) if is_causal else 0
+        grid, args, kwargs = launch_args(q4, k4, v4, as_bhnd(o), lse, is_causal, scale, TILES[D], head_group=group)
         _gluon_fwd_ws[grid](*args, **kwargs)
         LAST_KERNEL = "ws"
     LAUNCHES += 1

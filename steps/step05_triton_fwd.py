@@ -282,6 +282,34 @@ def warmup_causal_key_range(n_q, n_k, block_m, block_n, is_causal=True, device=N
 # %% The kernel ------------------------------------------------------------------
 
 @triton.jit
+def program_tile(IS_CAUSAL: tl.constexpr, HEADS_FIRST: tl.constexpr, HEAD_GROUP: tl.constexpr):
+    """(query tile, batch * head) of this program: the order in which the GPU meets the tiles.
+
+    Programs start in grid order, axis 0 fastest. The grid is (query tiles, B*H): one head's tiles one after
+    another, so the few heads in flight keep their K and V in L2. HEADS_FIRST: the grid is (B*H, query tiles),
+    every head's tile i before any head's tile i + 1. Under a causal mask the tiles are also reversed, the
+    heaviest (the last rows see the most keys) first, so the light ones fill the end. HEAD_GROUP > 0 (with
+    HEADS_FIRST): heads-first within groups of HEAD_GROUP heads, one group after another (FlashAttention-3's
+    scheduler does this), so that only the group's K and V compete for L2 rather than every head's.
+    """
+    TILE_AXIS: tl.constexpr = 1 if HEADS_FIRST else 0
+    n_m = tl.num_programs(TILE_AXIS)
+    pid_m = tl.program_id(TILE_AXIS)
+    bh = tl.program_id(1 - TILE_AXIS)
+    if HEADS_FIRST and HEAD_GROUP > 0:
+        n_bh = tl.num_programs(0)
+        start = pid_m * n_bh + bh                         # this program's place in the launch order
+        group = start // (HEAD_GROUP * n_m)
+        heads = tl.minimum(HEAD_GROUP, n_bh - group * HEAD_GROUP)     # the last group may be smaller
+        within = start - group * HEAD_GROUP * n_m
+        pid_m = within // heads
+        bh = group * HEAD_GROUP + within % heads
+    if IS_CAUSAL:
+        pid_m = n_m - 1 - pid_m
+    return pid_m, bh
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q,            # running state (fp32) and the Q tile
                K, V,                         # pointers to this (batch, head)'s K and V
                stride_kn, stride_kd, stride_vn, stride_vd,
@@ -318,20 +346,15 @@ def _attn_fwd_kernel(
     IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,                           # "ieee" for fp32 inputs (true fp32 dots)
     HEADS_FIRST: tl.constexpr = False,                     # grid (B*H, query tiles) instead of (query tiles, B*H)
+    HEAD_GROUP: tl.constexpr = 0,                          # with HEADS_FIRST: that many heads at a time (0: all)
 ):
     PAD_D: tl.constexpr = BLOCK_D != HEAD_DIM
     # Triton types a Python float argument fp32; torch.compile's Inductor, relaunching this
     # kernel inside a compiled graph, types it fp64. Scores, max and accumulator would follow
     # into fp64 and tl.dot(p, v, acc) would refuse the fp64 acc: fix the type here.
     qk_scale = tl.cast(qk_scale, tl.float32)
-    # Programs start in grid order, axis 0 fastest. HEADS_FIRST: every head's tile i before any
-    # head's tile i + 1 (with the reversal below, all heads' heaviest tiles first).
-    TILE_AXIS: tl.constexpr = 1 if HEADS_FIRST else 0
-    pid_m = tl.program_id(TILE_AXIS)
-    if IS_CAUSAL:
-        # Heaviest tiles (the last rows see the most keys) first: a shorter tail at the end.
-        pid_m = tl.num_programs(TILE_AXIS) - 1 - pid_m
-    bh = tl.program_id(1 - TILE_AXIS)
+    # Which query tile of which (batch, head) this program computes: see program_tile.
+    pid_m, bh = program_tile(IS_CAUSAL, HEADS_FIRST, HEAD_GROUP)
     b = bh // H
     h = bh % H
     # 64-bit offsets to this (batch, head): B*H*N*D can pass 2**31 elements.
@@ -431,13 +454,10 @@ def _attn_fwd_tma_kernel(
     IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HEADS_FIRST: tl.constexpr = False,                     # as in _attn_fwd_kernel
+    HEAD_GROUP: tl.constexpr = 0,
 ):
     qk_scale = tl.cast(qk_scale, tl.float32)               # fp64 under Inductor: see _attn_fwd_kernel
-    TILE_AXIS: tl.constexpr = 1 if HEADS_FIRST else 0
-    pid_m = tl.program_id(TILE_AXIS)
-    if IS_CAUSAL:
-        pid_m = tl.num_programs(TILE_AXIS) - 1 - pid_m     # heaviest query tiles first
-    bh = tl.program_id(1 - TILE_AXIS)
+    pid_m, bh = program_tile(IS_CAUSAL, HEADS_FIRST, HEAD_GROUP)
     b = bh // H
     h = bh % H
     desc_q = _as_descriptor(desc_q, B, H, N_Q, stride_qb, stride_qh, stride_qm, BLOCK_M, HEAD_DIM)
@@ -543,12 +563,25 @@ def dense_fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
     if (device_type == "cuda" and dtype != torch.float32 and 64 < _pow2_dim(d) <= 128
             and triton.cdiv(nq, 128) * bh >= 132 and _large_shared_memory()):
         cfg = dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)
-    if device_type == "cuda" and dtype != torch.float32 and _pow2_dim(d) <= 64 and is_causal:
-        # Every head's heaviest query tiles first (the kernels' HEADS_FIRST): at the CS336
-        # leaderboard shape (B=1, H=16, N=16k, causal, bf16) 1.327 -> 1.272 and 1.258 ms on two
-        # H200s (results/h200/triton/lb_5ms_*.json); not measured at other shapes.
-        cfg = dict(cfg, HEADS_FIRST=True)
+    if device_type == "cuda" and dtype != torch.float32 and is_causal:
+        # Heaviest query tiles first, heads taken head_group() at a time (program_tile). All heads at
+        # once (HEAD_GROUP=0) kept every head's K and V in flight: at FlashAttention's grid, N=4096,
+        # D=64, 128 heads of 1 MB against 50 MB of L2, and ncu read an L2 hit rate of 12% against
+        # cuDNN's 84% (results/h200/triton/ncu_c4k/). Groups of 1-16 heads ran 1.08-1.13x all heads
+        # at once at D=64 N 4096-16384, and 1.04-1.10x one head after another at D=128 N=4096
+        # (results/h200/triton/fwd_tile_order_1204/, bench/experiments/fwd_tile_order.py).
+        cfg = dict(cfg, HEADS_FIRST=True, HEAD_GROUP=head_group(nk, d, dtype.itemsize))
     return cfg
+
+
+L2_GROUP_BYTES = 8 << 20      # the K and V a group of heads may keep in L2 (fwd_tile_order_1204: 8 to 16 MB best)
+
+
+def head_group(n_keys, d, itemsize):
+    """How many heads' tiles a causal forward takes at a time (``program_tile``'s HEAD_GROUP): as many as keep
+    their K and V within ``L2_GROUP_BYTES``, at least one. FlashAttention-3's tile scheduler does the same
+    with a 32 MB budget; on the H200 groups of 8-16 MB were faster (fwd_tile_order_1204)."""
+    return max(1, L2_GROUP_BYTES // (2 * n_keys * d * itemsize))
 
 
 # %% Launcher --------------------------------------------------------------------

@@ -111,6 +111,38 @@ def test_heads_first_grid(load, is_causal):
     check_lse(kept["lse"], q, k, v, is_causal=is_causal, tile=16)          # that same call's LSE
 
 
+@pytest.mark.parametrize("group", [1, 2, 4], ids=lambda g: f"group{g}")
+def test_heads_first_in_groups(load, group):
+    """HEAD_GROUP (with HEADS_FIRST: heads taken that many at a time, heaviest tile first within a group; step 05's
+    ``program_tile``): every (query tile, head) computed exactly once. Six heads (two batches x three), so that a
+    group of four leaves a last group of two; four query tiles each."""
+    step = load(5)
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FIRST=True, HEAD_GROUP=group)
+    q, k, v = make_qkv(2, 3, 50, 75, 32, device=DEVICE, seed=12)
+    kept = {}
+
+    def attn(q, k, v, is_causal, scale):
+        s = scale if scale is not None else q.shape[-1] ** -0.5
+        o, kept["lse"] = step.forward(q, k, v, is_causal, s, config=cfg)
+        return o
+    check_attention(attn, q, k, v, is_causal=True, grads=False, tile=16)
+    check_lse(kept["lse"], q, k, v, is_causal=True, tile=16)
+
+
+def test_causal_heads_go_in_groups_that_fit_l2(load):
+    """The table's causal order on a GPU: heads first, in groups whose K and V fit ``L2_GROUP_BYTES`` (8 MB: 8 heads
+    of 1 MB at N=4096, D=64, bf16; one head of 8 MB at N=16384, D=128), never fewer than one head. All heads at once
+    thrashed the H200's L2 (fwd_tile_order_1204)."""
+    step = load(5)
+    assert step.head_group(4096, 64, 2) == 8
+    assert step.head_group(16384, 128, 2) == 1
+    assert step.head_group(65536, 128, 2) == 1
+    cfg = step.dense_fwd_config(4096, 4096, 64, torch.bfloat16, True, "cuda", 128)
+    assert cfg.get("HEADS_FIRST") and cfg.get("HEAD_GROUP") == 8, cfg
+    assert not step.dense_fwd_config(4096, 4096, 64, torch.bfloat16, False, "cuda", 128).get("HEAD_GROUP"), \
+        "without a causal mask one head's tiles follow one another already"
+
+
 def test_strided_inputs(load):
     """Non-contiguous q, k, v: a (B, N, H, D) layout seen as (B, H, N, D), a strided head dim,
     and rank 5 whose leading dims cannot be merged into one view."""
