@@ -20,8 +20,14 @@ kernel in the same run, at N=16384: D=64 three consumer warpgroups and 128-key t
 CS336 leaderboard shape level (1.268 ms against 1.277-1.335). A second run (2026-12-03 08:15 UTC,
 results/h200/triton/gluon_fwd_ws_1203_round2/) added N=8192: these tiles 1.07x step 05 at D=64 causal, 1.16x not,
 1.01x and 1.07x at D=128. At N=4096 they ran 0.95-1.07x: 1.04x and 1.07x without a causal mask (D 64, 128), 0.95x
-and 0.98x with it (round 1 at N=4096: 1.02x and 1.03x not causal). So the path starts at ``MIN_LEN`` = 8192 under a
-causal mask and at ``FULL_MIN_LEN`` = 4096 without one. Without a causal mask at D=64 it runs the same partitions
+and 0.98x with it (round 1 at N=4096: 1.02x and 1.03x not causal). So the path started at N=8192 under a causal
+mask and at ``FULL_MIN_LEN`` = 4096 without one. Under a causal mask it took every head's heaviest query tile before
+any head's next, so every head's K and V were in flight at once: at N=4096, D=64, 128 heads of 1 MB against the
+H200's 50 MB of L2, whose hit rate ncu read at 12%. Taking the heads in groups whose K and V fit 8 MB (step 05's
+``head_group``; 82% hit) made it 1.13-1.17x faster at N=4096 and 1.03-1.13x from 8192 (two runs, results/h200/
+triton/fwd_tile_order_1204/, bench/experiments/fwd_tile_order.py): 0.95-1.00x cuDNN at N=4096 (where step 05's
+Triton kernel, grouped too, ran 0.91-0.93x), 1.02-1.10x from 8192, so the path starts at ``MIN_LEN`` = 4096 under a
+causal mask too. Without a causal mask at D=64 it runs the same partitions
 persistent (``_gluon_fwd_ws_persistent``: one CTA an SM walking the work tiles, the loader running on into the next
 tile's Q and K/V while the consumers finish this one): 1.09x the kernel above at N=4096 and 1.02x at 8192 and 16384
 in that run (1.14-1.18x step 05, 1.04-1.10x cuDNN); causal and at D=128 it lost. Where it applies: D 64 or 128,

@@ -93,7 +93,7 @@ def correctness(small=False, rnd=1) -> dict:
     s5 = load_step(5, "solutions")
     dev = "cpu" if small else "cuda"
     dt = torch.float32 if small else torch.bfloat16
-    shapes = [(2, 5, 256, 64)] if small else [(2, 5, 1024, 64), (2, 5, 1024, 128)]
+    shapes = [(2, 5, 128, 64)] if small else [(2, 5, 1024, 64), (2, 5, 1024, 128)]
     rows, wrong = [], 0
     for b, h, n, d in shapes:
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -140,8 +140,8 @@ def timing(budget_s: float, rnd=1) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=c)
         fns["cudnn"] = cudnn
         times = {name: [] for name in fns}
-        for rnd in range(2):
-            for name in (list(fns) if rnd == 0 else list(fns)[::-1]):
+        for rep in range(2):
+            for name in (list(fns) if rep == 0 else list(fns)[::-1]):
                 fn = fns[name]
                 fn(q, k, v, True)
                 times[name].append(round(float(triton.testing.do_bench(lambda: fn(q, k, v, True), rep=200)), 4))
