@@ -650,7 +650,9 @@ def forward(q, k, v, is_causal, scale, config=None, tma=None, descriptors=None):
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     o4 = as_bhnd(o)
     cfg = dict(config or dense_fwd_config(nq, nk, d, q.dtype, is_causal, q.device.type, B * H))
+    # Every constexpr passed, defaults too: torch.compile's wrap_triton refuses a call that leaves one out.
     cfg.setdefault("HEADS_FIRST", False)
+    cfg.setdefault("HEAD_GROUP", 0)
     grid = (triton.cdiv(nq, cfg["BLOCK_M"]), B * H)
     if cfg["HEADS_FIRST"]:
         grid = grid[::-1]
@@ -786,7 +788,9 @@ def forward_tma(q, k, v, is_causal, scale, config=None, descriptors=None):
         if q.is_cuda and not _traced((q,)):
             _ensure_allocator(q.device)
         args = [q4, k4, v4, o4]
+    # Every constexpr passed, defaults too: torch.compile's wrap_triton refuses a call that leaves one out.
     cfg.setdefault("HEADS_FIRST", False)
+    cfg.setdefault("HEAD_GROUP", 0)
     grid = (triton.cdiv(nq, bm), B * H)
     if cfg["HEADS_FIRST"]:
         grid = grid[::-1]

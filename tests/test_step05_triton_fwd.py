@@ -143,6 +143,34 @@ def test_causal_heads_go_in_groups_that_fit_l2(load):
         "without a causal mask one head's tiles follow one another already"
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_launch_passes_every_constexpr(load, monkeypatch, tma):
+    """``forward`` passes every compile-time constant of its kernel, those with defaults too (``HEADS_FIRST``,
+    ``HEAD_GROUP``): torch.compile's ``wrap_triton`` refuses a launch that leaves one out ("Incorrect number of
+    arguments passed to kernel"), which only a compiled call on a GPU would show. The launch is recorded, not run."""
+    step = load(5)
+    seen = {}
+
+    class Recorder:
+        def __init__(self, kernel):
+            seen["kernel"] = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs)
+    monkeypatch.setattr(step, "wrap_triton", Recorder)
+    q, k, v = make_qkv(1, 2, 64, 64, 32, device=DEVICE, seed=5)
+    for causal in (False, True):
+        seen.clear()
+        step.forward(q, k, v, causal, 0.2, config=dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1), tma=tma,
+                     **({"descriptors": "device"} if tma else {}))
+        tuner = seen["kernel"]                 # configured(): a one-config autotuner over the kernel
+        params = tuner.fn.arg_names
+        given = set(seen["kwargs"]) | set(tuner.configs[0].kwargs)
+        missing = [p for p in params[len(seen["args"]):] if p not in given]
+        assert not missing, (f"{'causal' if causal else 'no mask'}: the launch leaves out {missing}; set each in the "
+                             f"config (cfg.setdefault) so that a compiled call passes it")
+
+
 def test_strided_inputs(load):
     """Non-contiguous q, k, v: a (B, N, H, D) layout seen as (B, H, N, D), a strided head dim,
     and rank 5 whose leading dims cannot be merged into one view."""
