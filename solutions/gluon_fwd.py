@@ -23,7 +23,7 @@ results/h200/triton/gluon_fwd_ws_1203_round2/) added N=8192: these tiles 1.07x s
 and 0.98x with it (round 1 at N=4096: 1.02x and 1.03x not causal). So the path started at N=8192 under a causal
 mask and at ``FULL_MIN_LEN`` = 4096 without one. Under a causal mask it took every head's heaviest query tile before
 any head's next, so every head's K and V were in flight at once: at N=4096, D=64, 128 heads of 1 MB against the
-H200's 50 MB of L2, whose hit rate ncu read at 12%. Taking the heads in groups whose K and V fit 8 MB (step 05's
+H200's 60 MB of L2, whose hit rate ncu read at 12%. Taking the heads in groups whose K and V fit 8 MB (step 05's
 ``head_group``; 82% hit) made it 1.13-1.17x faster at N=4096 and 1.03-1.13x from 8192 (two runs, results/h200/
 triton/fwd_tile_order_1204/, bench/experiments/fwd_tile_order.py): 0.95-1.00x cuDNN at N=4096 (where step 05's
 Triton kernel, grouped too, ran 0.91-0.93x), 1.02-1.10x from 8192, so the path starts at ``MIN_LEN`` = 4096 under a

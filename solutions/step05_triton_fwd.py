@@ -599,10 +599,10 @@ def dense_fwd_config(nq, nk, d, dtype, is_causal, device_type, bh=1):
     if device_type == "cuda" and dtype != torch.float32 and is_causal:
         # Heaviest query tiles first, heads taken head_group() at a time (program_tile). All heads at
         # once (HEAD_GROUP=0) kept every head's K and V in flight: at FlashAttention's grid, N=4096,
-        # D=64, 128 heads of 1 MB against 50 MB of L2, and ncu read an L2 hit rate of 12% against
-        # cuDNN's 84% (results/h200/triton/ncu_c4k/). Groups of 1-16 heads ran 1.08-1.13x all heads
-        # at once at D=64 N 4096-16384, and 1.04-1.10x one head after another at D=128 N=4096
-        # (results/h200/triton/fwd_tile_order_1204/, bench/experiments/fwd_tile_order.py).
+        # D=64, 128 heads of 1 MB against 60 MB of L2, and ncu read an L2 hit rate of 12% against
+        # cuDNN's 84% (results/h200/triton/ncu_c4k/); in groups, 85%. The best group ran 1.03-1.13x
+        # all heads at once at D=64 N 4096-16384, and 1.04-1.05x one head after another (the order
+        # before) at D=128 N=4096 (results/h200/triton/fwd_tile_order_1204/, two runs).
         cfg = dict(cfg, HEADS_FIRST=True, HEAD_GROUP=head_group(nk, d, dtype.itemsize))
     return cfg
 

@@ -6,7 +6,7 @@ N=4096 (results/h200/triton/ncu_c4k/) read the L2 hit rate of step 05's D=64 ker
 84%**, and 2.32 TB/s from DRAM against cuDNN's 0.32; step 05's D=128 kernel read 85%. The two differ in their tile
 order: at D=64 causal step 05 starts every head's heaviest query tile before any head's next one (``HEADS_FIRST``,
 measured at the CS336 leaderboard shape only, B=1 H=16 N=16384), so all B*H heads are in flight at once. FlashAttention's
-grid at N=4096 has B*H = 128 heads at D=64 and 1 MB of K and V each: 128 MB, against the H200's 50 MB of L2. The
+grid at N=4096 has B*H = 128 heads at D=64 and 1 MB of K and V each: 128 MB, against the H200's 60 MB of L2. The
 D=128 kernel walks one head's tiles after another (four or five heads in flight). FlashAttention-3's tile scheduler
 takes heads in groups whose K and V fit in L2, heaviest first within a group. Which order is fastest, for step 05's
 Triton kernels and for its Gluon warp-specialized kernel (``solutions/gluon_fwd.py``, heads first too, which step 05
@@ -28,7 +28,18 @@ for ncu's L2 hit rate and DRAM bytes (the device script runs ncu on it).
     ncu --nvtx --nvtx-include "regex:order-.*/" --metrics lts__t_sector_hit_rate.pct,dram__bytes_read.sum,gpu__time_duration.sum \\
         python bench/experiments/fwd_tile_order.py --ncu-child
 
-Answer: not run yet.
+Answer: **the order was the gap.** One H200, 2026-12-04 07:42 and 07:50 UTC (results/h200/triton/fwd_tile_order_1204/,
+two runs; the second, a bug since fixed, timed round 1's groups after its first shape). Every order right. ncu at D=64
+causal N=4096: every head at once, L2 hit rate 11.65% (Triton) and 12.06% (Gluon), 1.99 and 1.56 GB read from DRAM;
+in groups of 1-16 heads 85% and 82%, 0.20 GB. Timed: the Triton kernel 1.13x faster at D=64 N=4096 in groups (0.80 ->
+0.70-0.71 ms) and 1.03-1.10x at N 8192-16384; the Gluon kernel 1.13-1.17x at N=4096 (D=64 0.77-0.80 -> 0.67-0.70 ms,
+0.95-0.98x cuDNN; D=128 0.59-0.60 -> 0.52-0.53, 0.99-1.00x) and 1.03-1.13x from 8192. Groups of 1-16 heads sit within
+a few percent of each other (best: 8-16 MB of K and V in flight; at D=128 N=16384 the Gluon kernel's 32 MB group ran
+1.09-1.11x slower than one head at a time), so step 05 takes ``head_group``'s groups (8 MB, ``L2_GROUP_BYTES``) for
+16-bit causal inputs on a GPU since eae6de6, and its solution runs the Gluon kernel under a causal mask from N=4096
+(``MIN_LEN``; at N=2048 and D=64 it lost to the grouped Triton kernel). Step 05 as shipped then (round 2): 0.99x cuDNN
+at D=64 causal N=4096 and 1.00x at D=128, where it ran 0.93x and 0.89x in round 1; issue 17's targets right after
+(results/h200/issue17_targets_1204c/): the forward >= 0.95x cuDNN in 12 of 12 cells at the median.
 """
 
 from __future__ import annotations
