@@ -29,7 +29,8 @@
 #    online softmax, the key range of a query tile);
 # 5. check your `steps/step05_triton_fwd.py` against the float64 reference;
 # 6. count the causal tiles that are skipped and the ones that are masked;
-# 7. see what tile sizes, warps and pipeline stages do on an H200, and the recorded speeds.
+# 7. see what tile sizes, warps and pipeline stages do on an H200, and the recorded speeds (section 8);
+# 8. see how the order in which the GPU meets the tiles decides what L2 holds (section 9).
 #
 # Without a GPU, `setup()` sets `TRITON_INTERPRET=1` before anything imports Triton: kernels then
 # run as NumPy code, one program after another (slow, but you can print and step through them).
