@@ -55,7 +55,7 @@ D=64 (bench/experiments/triton_fwd_tma_course.py, results/h200/grid_1202/). So `
 default, takes it for 16-bit D=128 with N >= 2048 on sm_90 (``tma_by_default``): 0.89-0.97x cuDNN
 from N = 4096 (pointers: 0.80-0.88x). Not done here in Triton: warp specialization (producer warps that only load,
 consumer warps that only compute; NaN or slower in Triton 3.6, same experiment). The course's solution does it in
-Gluon, Triton's lower layer, for N >= 8192 on Hopper (``hopper_fwd``; notebook 06 §11).
+Gluon, Triton's lower layer, for N >= 4096 on Hopper (``hopper_fwd``; notebook 06 §11).
 """
 
 import torch
@@ -626,7 +626,7 @@ def forward(q, k, v, is_causal, scale, config=None, tma=None, descriptors=None):
     """Run the kernel: ``(O, LSE)`` with O shaped like q (contiguous) and LSE ``(..., Nq)`` float32.
 
     With neither ``config`` nor ``tma`` given, ``hopper_fwd`` may take the call first (the solution's Gluon kernel
-    on Hopper at N >= 8192; your step 05's hook declines).
+    on Hopper from N = 4096; your step 05's hook declines).
 
     ``scale`` must already be resolved (a float). ``config`` overrides ``dense_fwd_config``.
     ``tma``: True, the TMA kernel (``_attn_fwd_tma_kernel``) instead, or a ValueError saying why it
