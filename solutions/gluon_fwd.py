@@ -67,7 +67,7 @@ TILES = {64: (3, 128, 2, 128, 160, 24), 128: (2, 128, 3, 168, 240, 24)}
 # "pers 3wg n128 s3": 1.09x round 1's kernel at N=4096, 1.02x at 8192 and 16384; 1.04-1.10x cuDNN). Causal and at
 # D=128 it lost to the kernel above (0.81-0.98x cuDNN against 0.83-1.00x; 8-18% slower at D=128).
 PERSISTENT_TILES = {64: (3, 128, 3, 128, 160, 24)}
-MIN_LEN = 4096          # under a causal mask (from 8192 since its heads are taken in groups: fwd_tile_order_1204)
+MIN_LEN = 4096          # under a causal mask (8192 until its heads were taken in groups: fwd_tile_order_1204)
 FULL_MIN_LEN = 4096     # without one (gluon_fwd_ws_1203_round2/: 1.04x step 05 at D=64, 1.07x at D=128, N=4096)
 LAUNCHES = 0                      # how many times ``launch_if_covered`` ran the kernel (the GPU tests read it)
 LAST_KERNEL = None                # which of the two it ran last: "ws" or "persistent" (the GPU tests read it)

@@ -93,12 +93,15 @@ def test_tile_sizes(load, tiles, is_causal):
         check_lse(kept["lse"], q, k, v, is_causal=is_causal, tile=tiles["BLOCK_M"])     # that same call's LSE
 
 
+@pytest.mark.parametrize("group", [0, 1, 2, 4], ids=lambda g: f"group{g}")
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_heads_first_grid(load, is_causal):
-    """HEADS_FIRST (a config key: grid (B*H, query tiles), every head's tile i before any tile i+1):
-    the same output and LSE, two batches x three heads so that an axis read the wrong way shows."""
+def test_heads_first_grid(load, is_causal, group):
+    """HEADS_FIRST (a config key: grid (B*H, query tiles), every head's tile i before any tile i+1), and with it
+    HEAD_GROUP (heads taken that many at a time, one group after another; 0: all at once; step 05's ``program_tile``):
+    every (query tile, head) computed exactly once. Two batches x three heads, so that an axis read the wrong way
+    shows and a group of four leaves a last group of two; four query tiles a head."""
     step = load(5)
-    cfg = dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FIRST=True)
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FIRST=True, HEAD_GROUP=group)
     q, k, v = make_qkv(2, 3, 50, 75, 32, device=DEVICE, seed=11)
 
     kept = {}
@@ -109,24 +112,6 @@ def test_heads_first_grid(load, is_causal):
         return o
     check_attention(attn, q, k, v, is_causal=is_causal, grads=False, tile=16)
     check_lse(kept["lse"], q, k, v, is_causal=is_causal, tile=16)          # that same call's LSE
-
-
-@pytest.mark.parametrize("group", [1, 2, 4], ids=lambda g: f"group{g}")
-def test_heads_first_in_groups(load, group):
-    """HEAD_GROUP (with HEADS_FIRST: heads taken that many at a time, heaviest tile first within a group; step 05's
-    ``program_tile``): every (query tile, head) computed exactly once. Six heads (two batches x three), so that a
-    group of four leaves a last group of two; four query tiles each."""
-    step = load(5)
-    cfg = dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=1, HEADS_FIRST=True, HEAD_GROUP=group)
-    q, k, v = make_qkv(2, 3, 50, 75, 32, device=DEVICE, seed=12)
-    kept = {}
-
-    def attn(q, k, v, is_causal, scale):
-        s = scale if scale is not None else q.shape[-1] ** -0.5
-        o, kept["lse"] = step.forward(q, k, v, is_causal, s, config=cfg)
-        return o
-    check_attention(attn, q, k, v, is_causal=True, grads=False, tile=16)
-    check_lse(kept["lse"], q, k, v, is_causal=True, tile=16)
 
 
 def test_causal_heads_go_in_groups_that_fit_l2(load):
