@@ -219,13 +219,14 @@ plt.show()
 #
 # FlashAttention's grid from `python -m bench grid` (bf16, 16k tokens per batch, hidden 2048), several
 # runs merged. Step 06's rows and SDPA's come from two runs, with the Gluon kernels of section 11: from N = 1024 the
-# run of 2026-12-04 03:22 UTC (`results/h200/grid_1204b/`, the GPU code of 9ec6a4b, where step 06's backward is the
-# one-kernel backward at the end of section 11, with its round 3 switches), at N = 512 the run of 2026-12-03 20:25
-# (`results/h200/grid_1203f/`); each README gives the rows as ratios to cuDNN. The later run's N = 512 rows were left
-# out: there step 06's forward + backward read 15-25% slower than at 20:25 on code that had not changed (1.401 ms
-# against 1.153 at D = 64 without a mask) while step 05's forward and both SDPA backends matched to 1-3%; such a call
-# times the host (section 10), and the one-kernel backward starts at N = 1024. Step 07's rows are from 2026-12-03
-# 17:01 (`results/h200/grid_1203e/`).
+# run of 2026-12-04 11:58 UTC (`results/h200/grid_1204c/`, the GPU code of 7605e06, where step 06's backward is the
+# one-kernel backward at the end of section 11, with its round 3 switches, and its forward takes a causal mask's heads
+# in groups that fit L2, section 11 and notebook 05 section 9), at N = 512 the run of 2026-12-03 20:25 (`results/h200/grid_1203f/`); each README
+# gives the rows as ratios to cuDNN. The later runs' N = 512 rows were left out: there step 06's forward + backward
+# read 15-25% slower than at 20:25 on code that had not changed (1.401 ms against 1.153 at D = 64 without a mask, at
+# 03:22) while step 05's forward and both SDPA backends matched to 1-3%; such a call times the host (section 10), and
+# the one-kernel backward starts at N = 1024. Step 07's rows (v3, its default) are 11:58's from N = 1024, 2026-12-03
+# 17:01's at N = 512 (`results/h200/grid_1203e/`).
 
 # %%
 grid = json.loads((RESULTS / "grid" / "results.json").read_text())
