@@ -1371,7 +1371,9 @@ for tag in ("_686a4fb", "_ca58451", ""):
 # mask at N = 4096, 0.83x and 0.90x, and D = 64 causal N = 8192 at 0.935x. With the heads in groups, above, three
 # rounds later the same day, `results/h200/issue17_targets_1204c/`: **12 of 12 at the median**, causal N = 4096 at
 # 1.002x and 0.993x, D = 64 causal N = 8192 at 1.063x; forward + backward 12 of 12 in every round, the causal N = 4096
-# cells at 0.99x and 0.98x.) At the leaderboard shape, D = 64, where round 3 changes nothing, CS336's harness reads
+# cells at 0.99x and 0.98x; at the code the last complete `make gpu-check` passed, 7605e06,
+# four rounds in `results/h200/issue17_targets_1204d/` read the same: the forward 12 of 12 at the median, forward +
+# backward 12 of 12 in every round.) At the leaderboard shape, D = 64, where round 3 changes nothing, CS336's harness reads
 # 4.48 ms for step 06 against cuDNN's 4.54, as in the first gpu-check with this kernel (ca58451): under the 5.0 ms
 # this section chased, and faster than cuDNN. Fewer products, as the power-limit measurement said, not only faster ones.
 
