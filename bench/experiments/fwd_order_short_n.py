@@ -4,7 +4,8 @@ Question: the grid of 2026-12-04 11:58 (results/h200/grid_1204c/) read step 05's
 0.309 ms against 0.250 at 03:22, the one cell that moved; groups (HEAD_GROUP = head_group()) were only ever timed
 from N = 2048 (fwd_tile_order_1204). This times, at FlashAttention's grid (B = 16384/N, H = 2048/D), bf16, causal,
 N 512-2048, D 64 and 128: step 05 as shipped (its config, heads in groups), every head at once (HEAD_GROUP=0), one
-head after another (HEADS_FIRST=False, D=128's order before), and cuDNN, in three alternated rounds, do_bench median.
+head after another (HEADS_FIRST=False, D=128's order before), and cuDNN, in three alternated rounds, each timed by
+the grid's own timer (``bench.core.time_ms``: do_bench median) with the grid's callables for step 05 and cuDNN.
 
     python bench/experiments/fwd_order_short_n.py --out DIR      # a GPU; writes DIR/fwd_order_short_n.json
 """
@@ -24,44 +25,38 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    import torch.nn.functional as F
-    import triton
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    from attnlib.inputs import make_qkv
     from attnlib.loader import load_step
+    from attnlib.reference import reference_attention
+    from bench.core import implementations, machine_info, time_ms
     s5 = load_step(5, "solutions")
+    impls = implementations("solutions", "cuda")
 
-    def variant(extra):
-        def fn(q, k, v):
+    def order(heads_first):          # step 05's own config, only the order changed (0: every head at once)
+        def fn(q, k, v, c):
             B, H, N, D = q.shape
-            cfg = dict(s5.dense_fwd_config(N, N, D, q.dtype, True, "cuda", B * H))
-            cfg.update(extra)
-            cfg.setdefault("HEAD_GROUP", 0)
-            return s5.forward(q, k, v, True, D ** -0.5)[0] if not extra else \
-                s5.forward(q, k, v, True, D ** -0.5, config=cfg)[0]
+            cfg = dict(s5.dense_fwd_config(N, N, D, q.dtype, c, "cuda", B * H), HEADS_FIRST=heads_first, HEAD_GROUP=0)
+            return s5.forward(q, k, v, c, D ** -0.5, config=cfg)[0]
         return fn
 
-    def cudnn(q, k, v):
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    variants = {"shipped": variant({}), "all heads": variant({"HEADS_FIRST": True, "HEAD_GROUP": 0}),
-                "head by head": variant({"HEADS_FIRST": False, "HEAD_GROUP": 0}), "cudnn": cudnn}
+    # the grid's own callables for step 05 as shipped and cuDNN, timed by the grid's own timer (bench.core.time_ms)
+    variants = {"shipped": impls["step05"], "all heads": order(True), "head by head": order(False),
+                "cudnn": impls["sdpa-cudnn"]}
     rows = []
     for d in (64, 128):
         for n in (512, 1024, 2048):
             B, H = 16384 // n, 2048 // d
-            q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            ref = cudnn(q, k, v).float()
-            errs = {name: float((fn(q, k, v).float() - ref).abs().max()) for name, fn in variants.items()}
+            q, k, v = make_qkv(B, H, n, n, d, dtype=torch.bfloat16, device="cuda")
+            ref = reference_attention(q[:1], k[:1], v[:1], True)[0]       # float64, the first batch
+            errs = {name: float((fn(q, k, v, True)[:1].double() - ref).abs().max()) for name, fn in variants.items()}
             times = {name: [] for name in variants}
             for _ in range(args.rounds):
                 for name, fn in variants.items():
-                    times[name].append(round(float(triton.testing.do_bench(lambda: fn(q, k, v), rep=200)), 4))
+                    times[name].append(round(time_ms(lambda: fn(q, k, v, True), "cuda"), 4))
             med = {x: sorted(t)[len(t) // 2] for x, t in times.items()}
             row = {"B": B, "H": H, "N": n, "D": d, "head_group": s5.head_group(n, d, 2),
-                   "config": {k_: v_ for k_, v_ in s5.dense_fwd_config(n, n, d, torch.bfloat16, True, "cuda", B * H).items()},
-                   "ms": times, "median_ms": med, "max_err_vs_cudnn": errs,
+                   "config": s5.dense_fwd_config(n, n, d, torch.bfloat16, True, "cuda", B * H),
+                   "ms": times, "median_ms": med, "max_err_vs_float64": errs,
                    "vs_cudnn": {x: round(med["cudnn"] / t, 3) for x, t in med.items() if x != "cudnn"}}
             rows.append(row)
             print(f"D={d} N={n} B={B} H={H} group={row['head_group']}: " +
@@ -69,8 +64,7 @@ def main():
                              for x, m in med.items()) + f" | err {max(errs.values()):.1e}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    meta = dict(machine_info(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), argv=sys.argv)
     (out / "fwd_order_short_n.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
